@@ -1,0 +1,1 @@
+"""The inference engine: pure Python over llama.cpp. Never imports Qt."""

@@ -1,0 +1,1 @@
+"""Benchmarks on real models (never run by the tests)."""

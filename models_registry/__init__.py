@@ -1,0 +1,1 @@
+"""Model catalog, Hub downloads, compatibility and memory-fit checks. Never imports Qt."""
