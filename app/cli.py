@@ -1,0 +1,204 @@
+"""The ``tandem`` command: no arguments starts the app; subcommands run the engine headless."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from app import __version__
+
+
+def _add_load_args(p: argparse.ArgumentParser, *, draft_flag: bool = True) -> None:
+    p.add_argument("--target", required=True, help="target model (GGUF file)")
+    if draft_flag:
+        p.add_argument("--draft", help="draft model (GGUF file sharing the target's tokenizer)")
+    p.add_argument("--ctx", type=int, default=4096, help="context size in tokens (default 4096)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--gpu-layers", type=int, default=0, help="target layers to offload (-1 = all)")
+    p.add_argument("--draft-gpu-layers", type=int, default=0, help="draft layers to offload (-1 = all)")
+    p.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto")
+
+
+def _add_generation_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mode", choices=("speculative", "plain", "lookup"), default=None,
+                   help="speculative (needs --draft; the default with one), lookup (prompt n-grams; the "
+                        "default without a draft) or plain")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--repeat-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--max-tokens", type=int, default=512)
+    p.add_argument("--n-max", type=int, default=8, help="most tokens drafted per round")
+    p.add_argument("--n-min", type=int, default=1, help="fewest tokens drafted per round (adaptive)")
+    p.add_argument("--p-min", type=float, default=0.0, help="stop drafting under this draft confidence")
+    p.add_argument("--no-adaptive", action="store_true", help="always draft --n-max tokens")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tandem",
+        description="Lossless speculative decoding for local LLMs. Without a command, starts the app.",
+    )
+    parser.add_argument("--version", action="version", version=f"tandem {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    gen = sub.add_parser("generate", help="generate text headless (streams to stdout)")
+    _add_load_args(gen)
+    _add_generation_args(gen)
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    gen.add_argument("--system", default=None, help="system prompt (with --chat)")
+    src = gen.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text")
+    src.add_argument("--prompt-file", type=Path, help="read the prompt from a file ('-' for stdin)")
+    gen.add_argument("--json", action="store_true", help="print one JSON object at the end instead")
+
+    chk = sub.add_parser("check", help="is DRAFT usable with TARGET? exit 0 yes, 1 no")
+    chk.add_argument("target", help="target GGUF file")
+    chk.add_argument("draft", help="draft GGUF file")
+    chk.add_argument("--json", action="store_true")
+    return parser
+
+
+def _fail(msg: str, code: int = 2) -> int:
+    print(f"tandem: error: {msg}", file=sys.stderr)
+    return code
+
+
+def _read_prompt(args: argparse.Namespace) -> str:
+    if args.prompt is not None:
+        return args.prompt
+    if str(args.prompt_file) == "-":
+        return sys.stdin.read()
+    try:
+        return args.prompt_file.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ValueError(f"cannot read prompt file {args.prompt_file}: {e.strerror}") from e
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from app.engine.engine import Engine, EngineError, GenerationSettings, LoadSettings
+    from app.engine.events import Finished, Step
+    from app.engine.llama import LlamaError
+    from app.engine.sampling import SamplingError, SamplingParams
+    from app.engine.speculative import PromptTooLongError
+
+    try:
+        text = _read_prompt(args)
+        mode = args.mode or ("speculative" if args.draft else "lookup")
+        settings = GenerationSettings(
+            mode=mode,
+            sampling=SamplingParams(
+                temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                repeat_penalty=args.repeat_penalty, seed=args.seed,
+            ),
+            max_tokens=args.max_tokens, n_max=args.n_max, n_min=min(args.n_min, args.n_max),
+            p_min=args.p_min, adaptive=not args.no_adaptive, stop=tuple(args.stop),
+        )
+        if mode == "speculative" and not args.draft:
+            raise EngineError("--mode speculative needs --draft (or use --mode lookup)")
+        load = LoadSettings(
+            target=args.target, draft=args.draft if mode == "speculative" else None, n_ctx=args.ctx,
+            n_threads=args.threads, n_gpu_layers=args.gpu_layers, n_gpu_layers_draft=args.draft_gpu_layers,
+            flash_attn={"auto": None, "on": True, "off": False}[args.flash_attn],
+        )
+    except (ValueError, EngineError, SamplingError) as e:
+        return _fail(str(e))
+
+    cancel = threading.Event()
+    prev = signal.signal(signal.SIGINT, lambda *_: cancel.set())
+    try:
+        with Engine(load) as engine:
+            if args.chat:
+                messages = [{"role": "system", "content": args.system}] if args.system else []
+                messages.append({"role": "user", "content": text})
+                prompt = engine.chat_prompt(messages)
+            else:
+                prompt = engine.tokenize(text)
+            finished = None
+            streamed = 0
+            for event in engine.generate(prompt, settings, cancel=cancel):
+                if isinstance(event, Step) and not args.json:
+                    sys.stdout.write(event.text)
+                    sys.stdout.flush()
+                    streamed += len(event.text)
+                elif isinstance(event, Finished):
+                    finished = event
+            assert finished is not None
+            if args.json:
+                out = {
+                    "text": finished.text,
+                    "tokens": list(finished.tokens),
+                    "prompt_tokens": list(prompt),
+                    "finish_reason": finished.reason,
+                    "stats": finished.stats.to_dict(),
+                    "engine": engine.info(),
+                }
+                print(json.dumps(out, ensure_ascii=False))
+            else:
+                sys.stdout.write(finished.text[streamed:])  # text held back until the end, if any
+                s = finished.stats
+                print(
+                    f"\n[{s.mode}] {s.n_generated} tokens, {s.decode_tokens_per_second:.1f} tok/s, "
+                    f"acceptance {s.acceptance_rate:.0%} ({s.n_accepted}/{s.n_drafted}), "
+                    f"{s.tokens_per_round:.2f} tokens/round, ttft {s.ttft_s * 1000:.0f} ms, "
+                    f"finish: {finished.reason}",
+                    file=sys.stderr,
+                )
+    except (ValueError, LlamaError, EngineError, PromptTooLongError) as e:
+        return _fail(str(e))
+    finally:
+        signal.signal(signal.SIGINT, prev)
+    return 130 if cancel.is_set() else 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from app.engine import compat
+    from app.engine.gguf_meta import GGUFError
+
+    try:
+        verdict = compat.check_files(args.target, args.draft)
+    except (OSError, GGUFError) as e:
+        return _fail(str(e))
+    if args.json:
+        print(json.dumps({"compatible": verdict.ok, "reason": verdict.reason}))
+    else:
+        verdict_word = "compatible" if verdict.ok else "NOT compatible"
+        print(verdict_word + (f": {verdict.reason}" if verdict.reason else ""))
+    return 0 if verdict.ok else 1
+
+
+def cmd_app(argv: Sequence[str]) -> int:
+    print(
+        "tandem: the desktop app is not built yet. Use the command line meanwhile:\n"
+        "  tandem generate --target TARGET.gguf [--draft DRAFT.gguf] --chat --prompt 'Hello'\n"
+        "  tandem check TARGET.gguf DRAFT.gguf\n"
+        "  tandem --help",
+        file=sys.stderr,
+    )
+    return 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        return cmd_app(argv)
+    args = build_parser().parse_args(argv)
+    if args.command == "generate":
+        return cmd_generate(args)
+    if args.command == "check":
+        return cmd_check(args)
+    return cmd_app(argv)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

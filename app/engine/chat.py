@@ -1,0 +1,466 @@
+"""Chat prompts and streamed output text: chat templates, incremental UTF-8, stop strings.
+
+* :class:`ChatTemplate` renders a GGUF's ``tokenizer.chat_template`` (a Hugging Face Jinja
+  chat template) the way ``transformers`` does, inside a sandboxed Jinja environment that
+  also bounds render time, loop iterations and the size of repeated strings.
+* :class:`Utf8Stream` turns token byte pieces into text without ever emitting a broken
+  character.
+* :class:`StopMatcher` cuts generated text at the first completed stop string, holding back
+  only what could still become one.
+
+Pure Python: no llama.cpp import.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
+from datetime import datetime
+from types import TracebackType
+from typing import Any
+
+import jinja2
+import jinja2.ext
+from jinja2 import nodes
+from jinja2.exceptions import SecurityError
+from jinja2.runtime import Context, Undefined
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+__all__ = [
+    "CHATML_TEMPLATE",
+    "ROLES",
+    "ChatTemplate",
+    "ChatTemplateError",
+    "Message",
+    "StopMatcher",
+    "Utf8Stream",
+    "strip_leading_bos",
+]
+
+ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})
+
+#: ChatML, the fallback for models whose GGUF carries no chat template (the same text as
+#: transformers' old ``default_chat_template``). It uses ``<|im_start|>`` / ``<|im_end|>``
+#: markers, which a model not trained on ChatML will see as plain text.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+_TEMPLATE_FILENAME = "<template>"  # what Jinja names a template made with from_string()
+_ITER_FILTER = "__tandem_budgeted_iter"  # filter wrapped around every {% for %} iterable
+_MAX_REPEAT = 10_000_000  # longest str / list a template may build with `*`
+_MAX_EXPONENT = 4096  # largest integer exponent a template may use with `**`
+
+
+class ChatTemplateError(ValueError):
+    """A chat template failed to compile or render; ``lineno`` is the template line if known."""
+
+    def __init__(self, message: str, lineno: int | None = None) -> None:
+        super().__init__(message)
+        self.lineno = lineno
+
+
+# --------------------------------------------------------------------------- messages
+
+
+@dataclass(frozen=True)
+class Message:
+    """One chat turn. ``role`` is one of system/user/assistant/tool; ``content`` is text."""
+
+    role: str
+    content: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.role, str) or self.role not in ROLES:
+            raise ValueError(f"message role must be one of {sorted(ROLES)}, got {self.role!r}")
+        if not isinstance(self.content, str):
+            raise TypeError(f"message content must be a str, got {type(self.content).__name__}")
+
+
+def _message_dict(message: Message | Mapping[str, Any], index: int) -> dict[str, Any]:
+    """Validate one message and return the plain dict a template sees.
+
+    Mappings may carry extra keys (``tool_calls``, ``name``, ...); they are passed through.
+    """
+    if isinstance(message, Message):
+        return {"role": message.role, "content": message.content}
+    if not isinstance(message, Mapping):
+        raise TypeError(f"messages[{index}] must be a Message or a mapping, got {type(message).__name__}")
+    missing = [key for key in ("role", "content") if key not in message]
+    if missing:
+        raise ValueError(f"messages[{index}] lacks {' and '.join(missing)}")
+    try:
+        Message(message["role"], message["content"])
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"messages[{index}]: {exc}") from None
+    return dict(message)
+
+
+# --------------------------------------------------------------------------- sandbox
+
+
+class _RenderBudget:
+    """Limits of one render: a wall-clock deadline and a number of loop iterations."""
+
+    __slots__ = ("deadline", "iterations_left", "timeout")
+
+    def __init__(self, timeout: float, max_iterations: int) -> None:
+        self.timeout = timeout
+        self.deadline = time.monotonic() + timeout
+        self.iterations_left = max_iterations
+
+    def check(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise SecurityError(f"chat template took longer than {self.timeout:g} s to render")
+
+    def iteration(self) -> None:
+        self.iterations_left -= 1
+        if self.iterations_left < 0:
+            raise SecurityError("chat template looped too many times")
+        self.check()
+
+
+_BUDGET: ContextVar[_RenderBudget | None] = ContextVar("tandem_chat_render_budget", default=None)
+
+
+def _check_budget() -> None:
+    budget = _BUDGET.get()
+    if budget is not None:
+        budget.check()
+
+
+class _BudgetedIterable:
+    """Wraps a ``{% for %}`` iterable so every iteration is charged to the render budget."""
+
+    __slots__ = ("_iterable",)
+
+    def __init__(self, iterable: Iterable[Any]) -> None:
+        self._iterable = iterable
+
+    def __len__(self) -> int:
+        return len(self._iterable)  # type: ignore[arg-type]  # TypeError is what Jinja expects
+
+    def __iter__(self) -> Iterator[Any]:
+        budget = _BUDGET.get()
+        for item in self._iterable:
+            if budget is not None:
+                budget.iteration()
+            yield item
+
+
+class _ChatSandbox(ImmutableSandboxedEnvironment):
+    """transformers' chat-template sandbox, plus time/iteration/size limits.
+
+    Unsafe attribute access fails at once (transformers would yield an undefined value that
+    only fails when used further).
+    """
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def unsafe_undefined(self, obj: Any, attribute: str) -> Undefined:
+        raise SecurityError(f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe")
+
+    def call(self, __context: Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+        _check_budget()
+        return super().call(__context, __obj, *args, **kwargs)
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        _check_budget()
+        return super().getattr(obj, attribute)
+
+    def getitem(self, obj: Any, argument: Any) -> Any:
+        _check_budget()
+        return super().getitem(obj, argument)
+
+    def call_binop(self, context: Context, operator: str, left: Any, right: Any) -> Any:
+        _check_budget()
+        if operator == "*":
+            for seq, count in ((left, right), (right, left)):
+                if (
+                    isinstance(seq, (str, list, tuple))
+                    and isinstance(count, int)
+                    and len(seq) * count > _MAX_REPEAT
+                ):
+                    raise SecurityError(f"chat template builds a sequence longer than {_MAX_REPEAT}")
+        elif (
+            operator == "**"
+            and isinstance(left, int)
+            and isinstance(right, int)
+            and abs(left) > 1
+            and right > _MAX_EXPONENT
+        ):
+            raise SecurityError(f"chat template raises to a power above {_MAX_EXPONENT}")
+        return super().call_binop(context, operator, left, right)
+
+
+def _raise_exception(message: str) -> None:
+    """The ``raise_exception(msg)`` global of HF templates."""
+    raise jinja2.TemplateError(message)
+
+
+def _strftime_now(fmt: str) -> str:
+    """The ``strftime_now(fmt)`` global of HF templates: local time now."""
+    return datetime.now().strftime(fmt)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | str | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    """transformers' ``tojson``: plain ``json.dumps``, no HTML escaping, non-ASCII kept."""
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _template_lineno(tb: TracebackType | None) -> int | None:
+    """The template line of the innermost template frame of a render traceback."""
+    lineno = None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == _TEMPLATE_FILENAME:
+            lineno = tb.tb_lineno
+        tb = tb.tb_next
+    return lineno
+
+
+def _with_line(message: str, lineno: int | None) -> str:
+    return f"{message} (template line {lineno})" if lineno is not None else message
+
+
+# --------------------------------------------------------------------------- templates
+
+
+class ChatTemplate:
+    """A compiled Hugging Face chat template (e.g. a GGUF's ``tokenizer.chat_template``).
+
+    Rendering matches ``transformers``' ``apply_chat_template(tokenize=False)``: the same
+    sandboxed Jinja settings (``trim_blocks``, ``lstrip_blocks``, ``loopcontrols``), globals
+    ``raise_exception`` / ``strftime_now``, ``tojson`` filter and variables ``messages``,
+    ``add_generation_prompt``, ``tools``, ``bos_token``, ``eos_token``.
+    Every failure (syntax, ``raise_exception``, sandbox violation, runaway loop, undefined
+    value misuse) is raised as :class:`ChatTemplateError`.
+    """
+
+    def __init__(
+        self,
+        template: str,
+        *,
+        bos_token: str = "",
+        eos_token: str = "",
+        timeout: float = 5.0,
+        max_iterations: int = 1_000_000,
+    ) -> None:
+        if not isinstance(template, str):
+            raise TypeError(f"chat template must be a str, got {type(template).__name__}")
+        self.source = template
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        self.timeout = timeout
+        self.max_iterations = max_iterations
+
+        env = _ChatSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+        env.filters["tojson"] = _tojson
+        env.filters[_ITER_FILTER] = _BudgetedIterable
+        env.globals["raise_exception"] = _raise_exception
+        env.globals["strftime_now"] = _strftime_now
+        try:
+            tree = env.parse(template)
+            for loop in tree.find_all(nodes.For):
+                loop.iter = nodes.Filter(loop.iter, _ITER_FILTER, [], [], None, None, lineno=loop.lineno)
+            self._template = env.from_string(tree)
+        except jinja2.TemplateSyntaxError as exc:
+            raise ChatTemplateError(
+                f"chat template syntax error at line {exc.lineno}: {exc.message}", exc.lineno
+            ) from exc
+        except jinja2.TemplateError as exc:  # e.g. an unknown filter or test
+            raise ChatTemplateError(
+                f"chat template does not compile: {exc}", getattr(exc, "lineno", None)
+            ) from exc
+
+    @classmethod
+    def fallback(cls, *, bos_token: str = "", eos_token: str = "") -> ChatTemplate:
+        """The ChatML template (:data:`CHATML_TEMPLATE`), for GGUFs without a chat template."""
+        return cls(CHATML_TEMPLATE, bos_token=bos_token, eos_token=eos_token)
+
+    def render(
+        self,
+        messages: Sequence[Message | Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        extra_context: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Render a conversation to prompt text.
+
+        ``tools`` are JSON-schema tool descriptions for templates that support them;
+        ``extra_context`` adds template-specific variables (e.g. Llama's ``date_string``).
+        Invalid messages raise ``ValueError`` / ``TypeError``; template failures raise
+        :class:`ChatTemplateError`.
+        """
+        if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
+            raise TypeError("messages must be a sequence of Message or mappings")
+        context: dict[str, Any] = dict(extra_context or {})
+        core = {
+            "messages": [_message_dict(message, i) for i, message in enumerate(messages)],
+            "add_generation_prompt": bool(add_generation_prompt),
+            "tools": [dict(tool) for tool in tools] if tools is not None else None,
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+        }
+        clashes = sorted(set(context) & set(core))
+        if clashes:
+            raise ValueError(f"extra_context may not set {', '.join(clashes)}")
+        context.update(core)
+
+        token = _BUDGET.set(_RenderBudget(self.timeout, self.max_iterations))
+        try:
+            return self._template.render(context)
+        except SecurityError as exc:
+            lineno = _template_lineno(exc.__traceback__)
+            raise ChatTemplateError(
+                _with_line(f"chat template blocked by the sandbox: {exc}", lineno), lineno
+            ) from exc
+        except jinja2.TemplateError as exc:  # raise_exception(), undefined misuse, ...
+            lineno = _template_lineno(exc.__traceback__)
+            raise ChatTemplateError(_with_line(f"chat template error: {exc}", lineno), lineno) from exc
+        except RecursionError as exc:
+            raise ChatTemplateError("chat template recursed too deeply") from exc
+        except (ArithmeticError, LookupError, TypeError, ValueError, AttributeError, MemoryError) as exc:
+            lineno = _template_lineno(exc.__traceback__)
+            message = f"chat template failed: {type(exc).__name__}: {exc}"
+            raise ChatTemplateError(_with_line(message, lineno), lineno) from exc
+        finally:
+            _BUDGET.reset(token)
+
+
+def strip_leading_bos(text: str, bos_token: str) -> str:
+    """Drop one leading ``bos_token`` from rendered ``text``.
+
+    Many templates render ``{{ bos_token }}`` themselves; tokenizing that text with
+    "add BOS" on would give a double BOS (llama.cpp warns about it). Strip it here and let
+    the tokenizer add the real BOS token instead.
+    """
+    if bos_token and text.startswith(bos_token):
+        return text[len(bos_token) :]
+    return text
+
+
+# --------------------------------------------------------------------------- UTF-8
+
+
+class Utf8Stream:
+    """Incremental UTF-8 decoding of token byte pieces.
+
+    :meth:`feed` returns only complete characters and holds back an incomplete trailing
+    sequence; invalid bytes become U+FFFD at once (they never stall the stream).
+    :meth:`flush` ends the stream: a dangling incomplete sequence becomes U+FFFD.
+    """
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, piece: bytes | bytearray | memoryview) -> str:
+        """Add bytes; return the newly completed text."""
+        return self._decoder.decode(bytes(piece))
+
+    def flush(self) -> str:
+        """End of generation: return whatever is left (and start afresh)."""
+        return self._decoder.decode(b"", final=True)
+
+    @property
+    def pending(self) -> bytes:
+        """Bytes held back as the start of an incomplete character."""
+        return self._decoder.getstate()[0]
+
+
+# --------------------------------------------------------------------------- stop strings
+
+
+class StopMatcher:
+    """Cuts streamed text at the first stop string to be completed.
+
+    Generation stops as soon as any stop string has arrived in full; the output ends just
+    before it (if several complete at the same character, at the one that starts first).
+    This answer does not depend on how the text is split into :meth:`feed` calls. Held back
+    is only the longest suffix that is a proper prefix of some stop string, so work is
+    linear in the output length.
+    """
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        if isinstance(stops, str):
+            raise TypeError("stops must be a sequence of strings, not a single string")
+        for stop in stops:
+            if not isinstance(stop, str):
+                raise TypeError(f"stop strings must be str, got {type(stop).__name__}")
+            if not stop:
+                raise ValueError("stop strings must not be empty")
+        self.stops: tuple[str, ...] = tuple(dict.fromkeys(stops))
+        self._prefixes = frozenset(stop[:i] for stop in self.stops for i in range(1, len(stop)))
+        self._max_hold = max((len(stop) for stop in self.stops), default=1) - 1
+        self._held = ""
+        self._stopped = False
+
+    @property
+    def stopped(self) -> bool:
+        """Whether a stop string has been hit."""
+        return self._stopped
+
+    @property
+    def held(self) -> str:
+        """Text held back because it could be the beginning of a stop string."""
+        return self._held
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        """Add generated text; return ``(text safe to emit now, stop string hit)``.
+
+        After a hit, further calls return ``("", True)``.
+        """
+        if self._stopped:
+            return "", True
+        window = self._held + text
+        cut = self._first_stop(window)
+        if cut is not None:
+            self._held = ""
+            self._stopped = True
+            return window[:cut], True
+        hold = self._hold_length(window)
+        self._held = window[len(window) - hold :] if hold else ""
+        return window[: len(window) - hold], False
+
+    def flush(self) -> str:
+        """Generation ended without a stop: return the held-back text."""
+        held, self._held = self._held, ""
+        return held
+
+    def reset(self) -> None:
+        """Forget all state, ready for a new generation."""
+        self._held = ""
+        self._stopped = False
+
+    def _first_stop(self, window: str) -> int | None:
+        """Start of the stop string that completes earliest in ``window`` (ties: starts first)."""
+        best: tuple[int, int] | None = None
+        for stop in self.stops:
+            start = window.find(stop)
+            if start >= 0:
+                key = (start + len(stop), start)
+                if best is None or key < best:
+                    best = key
+        return None if best is None else best[1]
+
+    def _hold_length(self, window: str) -> int:
+        """Length of the longest suffix of ``window`` that is a proper prefix of a stop."""
+        for length in range(min(self._max_hold, len(window)), 0, -1):
+            if window[-length:] in self._prefixes:
+                return length
+        return 0

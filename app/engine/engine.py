@@ -1,0 +1,243 @@
+"""The engine facade: load a target (and a draft), turn chats into prompts, run generation modes."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from app.engine import compat
+from app.engine.chat import ChatTemplate, Message
+from app.engine.drafters import Drafter, LookupDrafter, ModelDrafter
+from app.engine.events import Finished, Started, Step
+from app.engine.llama import Context, Model, backend_name, devices
+from app.engine.policy import AdaptivePolicy, DraftPolicy, FixedPolicy, PlainPolicy
+from app.engine.sampling import SamplingParams
+from app.engine.speculative import TargetCache, generate
+
+MODES = ("speculative", "plain", "lookup")
+
+
+class EngineError(ValueError):
+    """Bad settings or a request the loaded models cannot serve."""
+
+
+class IncompatibleDraftError(EngineError):
+    """The draft model's vocabulary does not match the target's."""
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    """What to load and how. ``n_gpu_layers``: -1 = all layers, 0 = CPU only."""
+
+    target: str
+    draft: str | None = None
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_threads: int | None = None
+    n_threads_draft: int | None = None
+    n_gpu_layers: int = 0
+    n_gpu_layers_draft: int = 0
+    flash_attn: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.n_ctx < 16:
+            raise EngineError(f"n_ctx must be at least 16, not {self.n_ctx}")
+        if self.n_batch < 1:
+            raise EngineError(f"n_batch must be >= 1, not {self.n_batch}")
+        for name in ("n_threads", "n_threads_draft"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise EngineError(f"{name} must be >= 1, not {v}")
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """How to generate one reply."""
+
+    mode: str = "speculative"
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: int = 512
+    n_max: int = 8
+    n_min: int = 1
+    p_min: float = 0.0
+    adaptive: bool = True
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise EngineError(f"unknown mode {self.mode!r}: choose one of {', '.join(MODES)}")
+        if self.n_max < 1:
+            raise EngineError(f"n_max must be at least 1, not {self.n_max}")
+        if not 0 <= self.n_min <= self.n_max:
+            raise EngineError(f"n_min must be between 0 and n_max ({self.n_max}), not {self.n_min}")
+        if not 0.0 <= self.p_min <= 1.0:
+            raise EngineError(f"p_min must be in [0, 1], not {self.p_min}")
+        if self.max_tokens < 1:
+            raise EngineError(f"max_tokens must be at least 1, not {self.max_tokens}")
+        if any(not s for s in self.stop):
+            raise EngineError("stop strings must not be empty")
+
+
+class Engine:
+    """A loaded target (and optional draft) model with their contexts."""
+
+    def __init__(self, settings: LoadSettings):
+        self.settings = settings
+        self._lock = threading.Lock()
+        self.compatibility: compat.Compatibility | None = None
+        if settings.draft:  # check the pair before loading anything large
+            self.compatibility = compat.check_files(settings.target, settings.draft)
+            if not self.compatibility.ok:
+                raise IncompatibleDraftError(
+                    f"the draft model cannot be used with this target: {self.compatibility.reason}"
+                )
+        self.target = Model(settings.target, n_gpu_layers=settings.n_gpu_layers)
+        self.draft: Model | None = None
+        self._draft_ctx: Context | None = None
+        try:
+            self._target_ctx = Context(
+                self.target,
+                n_ctx=settings.n_ctx,
+                n_batch=settings.n_batch,
+                n_threads=settings.n_threads,
+                flash_attn=settings.flash_attn,
+            )
+            self._cache = TargetCache(self._target_ctx)
+            if settings.draft:
+                self.draft = Model(settings.draft, n_gpu_layers=settings.n_gpu_layers_draft)
+                self._draft_ctx = Context(
+                    self.draft,
+                    n_ctx=self._target_ctx.n_ctx,
+                    n_batch=settings.n_batch,
+                    n_threads=settings.n_threads_draft or settings.n_threads,
+                    flash_attn=settings.flash_attn,
+                )
+        except BaseException:
+            self.close()
+            raise
+        self._model_drafter = ModelDrafter(self._draft_ctx) if self._draft_ctx else None
+        template = self.target.chat_template()
+        bos = self.target.token_name(self.target.bos) if self.target.bos >= 0 else ""
+        eos = self.target.token_name(self.target.eos) if self.target.eos >= 0 else ""
+        self.template = (
+            ChatTemplate(template, bos_token=bos, eos_token=eos) if template else ChatTemplate.fallback()
+        )
+        self.has_chat_template = bool(template)
+
+    # -- prompts ------------------------------------------------------------------------------------
+    def tokenize(self, text: str) -> list[int]:
+        """Raw text to prompt tokens (BOS added if the model wants it)."""
+        return self.target.tokenize(text, add_special=True, parse_special=False)
+
+    def chat_prompt(self, messages: Sequence[Message | Mapping[str, str]]) -> list[int]:
+        """Render the chat with the model's template and tokenize it (special tokens parsed)."""
+        text = self.template.render(messages, add_generation_prompt=True)
+        add_bos = self.target.add_bos and not (
+            self.template.bos_token and text.startswith(self.template.bos_token)
+        )
+        ids = self.target.tokenize(text, add_special=False, parse_special=True)
+        return [self.target.bos, *ids] if add_bos else ids
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self.target.detokenize(tokens).decode("utf-8", errors="replace")
+
+    @property
+    def n_ctx(self) -> int:
+        return self._target_ctx.n_ctx
+
+    # -- generation ---------------------------------------------------------------------------------
+    def _policy(self, gs: GenerationSettings) -> DraftPolicy:
+        if gs.mode == "plain":
+            return PlainPolicy()
+        if gs.adaptive:
+            return AdaptivePolicy(gs.n_min, gs.n_max)
+        return FixedPolicy(gs.n_max)
+
+    def _drafter(self, gs: GenerationSettings) -> Drafter | None:
+        if gs.mode == "plain":
+            return None
+        if gs.mode == "lookup":
+            return LookupDrafter()
+        if self._model_drafter is None:
+            raise EngineError("speculative mode needs a draft model: load one, or use mode 'lookup'")
+        self._model_drafter.p_min = gs.p_min
+        return self._model_drafter
+
+    def generate(
+        self,
+        prompt: Sequence[int],
+        settings: GenerationSettings | None = None,
+        *,
+        cancel: threading.Event | Callable[[], bool] | None = None,
+    ) -> Iterator[Started | Step | Finished]:
+        """Stream a reply to ``prompt`` (token ids). One generation at a time per engine."""
+        gs = settings or GenerationSettings()
+        drafter = self._drafter(gs)
+        is_cancelled = cancel.is_set if isinstance(cancel, threading.Event) else cancel
+        if not self._lock.acquire(blocking=False):
+            raise EngineError("a generation is already running on this engine")
+        try:
+            yield from generate(
+                self._cache,
+                drafter,
+                self._policy(gs),
+                prompt,
+                gs.sampling,
+                piece=self.target.piece,
+                is_eog=self.target.is_eog,
+                max_tokens=gs.max_tokens,
+                stop=gs.stop,
+                cancel=is_cancelled,
+                mode=gs.mode,
+            )
+        finally:
+            self._lock.release()
+
+    def run(self, prompt: Sequence[int], settings: GenerationSettings | None = None) -> Finished:
+        """Generate to the end and return the ``Finished`` event."""
+        last = None
+        for event in self.generate(prompt, settings):
+            last = event
+        assert isinstance(last, Finished)
+        return last
+
+    # -- information --------------------------------------------------------------------------------
+    def info(self) -> dict[str, Any]:
+        """What is loaded, where, and how big (for the CLI, the status bar and bug reports)."""
+        out: dict[str, Any] = {
+            "backend": backend_name(),
+            "devices": [asdict(d) for d in devices()],
+            "n_ctx": self.n_ctx,
+            "target": _model_info(self.target, self._target_ctx),
+        }
+        if self.draft is not None and self._draft_ctx is not None:
+            out["draft"] = _model_info(self.draft, self._draft_ctx)
+        return out
+
+    def close(self) -> None:
+        for obj in (getattr(self, "_draft_ctx", None), getattr(self, "draft", None),
+                    getattr(self, "_target_ctx", None), getattr(self, "target", None)):
+            if obj is not None:
+                obj.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _model_info(model: Model, ctx: Context) -> dict[str, Any]:
+    return {
+        "path": str(model.path),
+        "description": model.description(),
+        "size_bytes": model.size_bytes,
+        "n_params": model.n_params,
+        "n_layer": model.n_layer,
+        "n_vocab": model.n_vocab,
+        "offload": model.offload.describe(),
+        "layers_offloaded": model.offload.layers_offloaded,
+        "n_threads": ctx.n_threads,
+    }

@@ -1,0 +1,140 @@
+"""Immutable records the generation loop yields, and the statistics summary built from them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """The prompt has been evaluated; generation begins."""
+
+    n_prompt_tokens: int
+    n_prompt_cached: int  # prompt tokens whose KV was reused from the previous request
+    t_prompt: float  # seconds spent evaluating the rest of the prompt (target and draft)
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One speculative round: what was drafted, what the target accepted, and what it cost."""
+
+    text: str  # new text that is safe to show (complete UTF-8, stop strings held back)
+    tokens: tuple[int, ...]  # tokens this round added to the reply
+    from_draft: tuple[bool, ...]  # per token: True if it was a drafted token the target accepted
+    n_drafted: int
+    n_accepted: int
+    k: int  # draft length the policy chose for this round (0 = plain decoding)
+    drafter: str  # "model", "lookup" or "none"
+    reason: str  # why the policy chose k
+    t_draft: float  # seconds drafting
+    t_verify: float  # seconds in the target's batched evaluation
+    t_round: float  # seconds for the whole round
+    t_llama: float  # seconds inside llama_decode (both models) this round
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """Summary of one reply. Rates are per second; times in seconds."""
+
+    mode: str
+    n_prompt_tokens: int
+    n_prompt_cached: int
+    n_generated: int
+    n_drafted: int
+    n_accepted: int
+    acceptance_rate: float
+    rounds: int
+    rounds_drafted: int
+    mean_accepted_length: float  # accepted draft tokens per round that drafted
+    tokens_per_round: float
+    accepted_length_histogram: tuple[int, ...]  # rounds that accepted 0, 1, 2, ... draft tokens
+    acceptance_by_position: tuple[float, ...]  # P(accept) of the i-th draft token, when it was drafted
+    t_prompt_s: float
+    t_decode_s: float
+    t_draft_s: float
+    t_verify_s: float
+    t_llama_s: float
+    ttft_s: float
+    prompt_tokens_per_second: float
+    decode_tokens_per_second: float
+    python_share: float  # share of decode wall time not spent inside llama_decode
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The reply is complete. ``reason``: eog, stop, length, context or cancelled."""
+
+    reason: str
+    text: str
+    tokens: tuple[int, ...]
+    stats: Stats
+
+
+@dataclass
+class StatsBuilder:
+    """Accumulates rounds into a :class:`Stats` (mutable on purpose; the result is frozen)."""
+
+    mode: str
+    n_prompt_tokens: int = 0
+    n_prompt_cached: int = 0
+    t_prompt: float = 0.0
+    ttft: float = 0.0
+    steps: list[Step] = field(default_factory=list)
+
+    def add(self, step: Step) -> None:
+        self.steps.append(step)
+
+    def build(self, t_decode: float, n_generated: int | None = None) -> Stats:
+        steps = self.steps
+        n_gen = sum(len(s.tokens) for s in steps) if n_generated is None else n_generated
+        n_drafted = sum(s.n_drafted for s in steps)
+        n_accepted = sum(s.n_accepted for s in steps)
+        drafted_rounds = [s for s in steps if s.n_drafted]
+        longest = max((s.n_drafted for s in steps), default=0)
+        hist = [0] * (longest + 1)
+        tried = [0] * longest
+        passed = [0] * longest
+        for s in drafted_rounds:
+            hist[s.n_accepted] += 1
+            for i in range(s.n_drafted):
+                tried[i] += 1
+                if i < s.n_accepted:
+                    passed[i] += 1
+        t_llama = sum(s.t_llama for s in steps)
+        return Stats(
+            mode=self.mode,
+            n_prompt_tokens=self.n_prompt_tokens,
+            n_prompt_cached=self.n_prompt_cached,
+            n_generated=n_gen,
+            n_drafted=n_drafted,
+            n_accepted=n_accepted,
+            acceptance_rate=_ratio(n_accepted, n_drafted),
+            rounds=len(steps),
+            rounds_drafted=len(drafted_rounds),
+            mean_accepted_length=_ratio(n_accepted, len(drafted_rounds)),
+            tokens_per_round=_ratio(n_gen, len(steps)),
+            accepted_length_histogram=tuple(hist) if drafted_rounds else (),
+            acceptance_by_position=tuple(_ratio(a, b) for a, b in zip(passed, tried, strict=True)),
+            t_prompt_s=self.t_prompt,
+            t_decode_s=t_decode,
+            t_draft_s=sum(s.t_draft for s in steps),
+            t_verify_s=sum(s.t_verify for s in steps),
+            t_llama_s=t_llama,
+            ttft_s=self.ttft,
+            prompt_tokens_per_second=_ratio(self.n_prompt_tokens - self.n_prompt_cached, self.t_prompt),
+            decode_tokens_per_second=_ratio(n_gen, t_decode),
+            python_share=max(0.0, 1.0 - _ratio(t_llama, t_decode)) if t_decode > 0 else 0.0,
+        )
+
+
+def _ratio(a: float, b: float) -> float:
+    return float(a) / b if b else 0.0
+
+
+def merge_text(events: Iterable[object]) -> str:
+    """The reply text carried by a stream of events."""
+    return "".join(e.text for e in events if isinstance(e, Step))

@@ -1,0 +1,450 @@
+"""The only module that calls ``llama_cpp``: thin wrappers over llama.cpp's C handles.
+
+One class per handle (``Model``, ``Context``), each with an explicit ``close()``; C error codes become
+Python exceptions. Everything above this module sees token ids, bytes and numpy arrays only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+
+log = logging.getLogger("tandem.llama")
+
+GGUF_MAGIC = b"GGUF"
+
+
+class LlamaError(RuntimeError):
+    """An error reported by llama.cpp (or detected before calling it)."""
+
+
+class ModelLoadError(LlamaError):
+    """A model file could not be loaded."""
+
+
+class DecodeError(LlamaError):
+    """``llama_decode`` failed."""
+
+
+class ContextFullError(DecodeError):
+    """The batch does not fit in the context's KV cache."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Process-wide backend state and logging
+# --------------------------------------------------------------------------------------------------
+
+_init_lock = threading.Lock()
+_initialized = False
+_log_lines: deque[str] = deque(maxlen=400)
+_log_partial: list[str] = []
+_captures: list[list[str]] = []
+_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR, 5: logging.DEBUG}
+
+
+@llama_cpp.llama_log_callback
+def _log_callback(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+    # llama.cpp logs in fragments; join them into lines. Level 5 (CONT) continues the previous line.
+    msg = text.decode("utf-8", errors="replace") if text else ""
+    _log_partial.append(msg)
+    if msg.endswith("\n"):
+        line = "".join(_log_partial).rstrip("\n")
+        _log_partial.clear()
+        _log_lines.append(line)
+        for cap in _captures:
+            cap.append(line)
+        log.log(_LEVELS.get(level, logging.DEBUG), "%s", line)
+
+
+def init_backend() -> None:
+    """Initialise llama.cpp once per process and route its log into ``logging`` (quiet stderr)."""
+    global _initialized
+    with _init_lock:
+        if _initialized:
+            return
+        llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+        llama_cpp.llama_backend_init()
+        _initialized = True
+
+
+def recent_log(n: int = 50) -> list[str]:
+    """The last ``n`` lines llama.cpp logged in this process (for error messages and reports)."""
+    return list(_log_lines)[-n:]
+
+
+def system_info() -> str:
+    """llama.cpp's build and CPU feature summary."""
+    init_backend()
+    return (llama_cpp.llama_print_system_info() or b"").decode("utf-8", errors="replace").strip()
+
+
+def supports_gpu_offload() -> bool:
+    init_backend()
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+# --------------------------------------------------------------------------------------------------
+# Devices (ggml backend registry): which backend is in use, and how much memory it has
+# --------------------------------------------------------------------------------------------------
+
+_DEVICE_KINDS = {0: "CPU", 1: "GPU", 2: "IGPU", 3: "ACCEL", 4: "META"}
+
+
+@dataclass(frozen=True)
+class Device:
+    """A ggml compute device (CPU, a CUDA GPU, Apple Metal, ...)."""
+
+    name: str
+    description: str
+    kind: str
+    memory_free: int
+    memory_total: int
+
+
+def _ggml_lib() -> ctypes.CDLL | None:
+    lib_dir = Path(llama_cpp.__file__).parent / "lib"
+    for stem in ("libggml", "ggml", "libggml-base"):
+        for suffix in (".so", ".dylib", ".dll"):
+            path = lib_dir / f"{stem}{suffix}"
+            if path.exists():
+                try:
+                    lib = ctypes.CDLL(str(path))
+                    lib.ggml_backend_dev_count  # noqa: B018 -- probe the symbol
+                    return lib
+                except (OSError, AttributeError):
+                    continue
+    return None
+
+
+def devices() -> list[Device]:
+    """The compute devices llama.cpp can use in this process."""
+    init_backend()
+    lib = _ggml_lib()
+    if lib is None:
+        return [Device("CPU", "CPU", "CPU", 0, 0)]
+    lib.ggml_backend_dev_count.restype = ctypes.c_size_t
+    lib.ggml_backend_dev_get.restype = ctypes.c_void_p
+    lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    for fn in ("ggml_backend_dev_name", "ggml_backend_dev_description"):
+        getattr(lib, fn).restype = ctypes.c_char_p
+        getattr(lib, fn).argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_type.restype = ctypes.c_int
+    lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_memory.argtypes = [
+        ctypes.c_void_p,
+        ctypes.POINTER(ctypes.c_size_t),
+        ctypes.POINTER(ctypes.c_size_t),
+    ]
+    out = []
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        out.append(
+            Device(
+                name=(lib.ggml_backend_dev_name(dev) or b"").decode(),
+                description=(lib.ggml_backend_dev_description(dev) or b"").decode(),
+                kind=_DEVICE_KINDS.get(lib.ggml_backend_dev_type(dev), "?"),
+                memory_free=free.value,
+                memory_total=total.value,
+            )
+        )
+    return out
+
+
+def backend_name() -> str:
+    """"CUDA", "Metal", "Vulkan", ... for the first GPU device, else "CPU"."""
+    for dev in devices():
+        if dev.kind in ("GPU", "IGPU"):
+            name = dev.name.rstrip("0123456789")
+            return {"MTL": "Metal"}.get(name, name)
+    return "CPU"
+
+
+# --------------------------------------------------------------------------------------------------
+# Model
+# --------------------------------------------------------------------------------------------------
+
+
+def check_model_file(path: str | os.PathLike[str]) -> Path:
+    """Fail early, with a clear message, on files llama.cpp would reject (or worse)."""
+    p = Path(path)
+    if not p.exists():
+        raise ModelLoadError(f"model file not found: {p}")
+    if not p.is_file():
+        raise ModelLoadError(f"not a file: {p}")
+    size = p.stat().st_size
+    if size == 0:
+        raise ModelLoadError(f"model file is empty: {p}")
+    with p.open("rb") as fh:
+        head = fh.read(4)
+    if head != GGUF_MAGIC:
+        raise ModelLoadError(f"not a GGUF model file (starts with {head!r}, expected b'GGUF'): {p}")
+    return p
+
+
+@dataclass(frozen=True)
+class OffloadReport:
+    """What a model load put on which device."""
+
+    n_gpu_layers_requested: int
+    layers_offloaded: int
+    layers_total: int
+    backend: str
+
+    def describe(self) -> str:
+        if self.layers_offloaded == 0:
+            return "CPU only"
+        return f"{self.layers_offloaded}/{self.layers_total} layers on {self.backend}"
+
+
+class Model:
+    """A loaded GGUF model (``llama_model``) and its vocabulary."""
+
+    def __init__(self, path: str | os.PathLike[str], *, n_gpu_layers: int = 0, use_mmap: bool = True):
+        init_backend()
+        self.path = check_model_file(path)
+        params = llama_cpp.llama_model_default_params()
+        params.n_gpu_layers = int(n_gpu_layers)
+        params.load_mode = llama_cpp.LLAMA_LOAD_MODE_MMAP if use_mmap else llama_cpp.LLAMA_LOAD_MODE_NONE
+        captured: list[str] = []
+        _captures.append(captured)
+        try:
+            handle = llama_cpp.llama_model_load_from_file(str(self.path).encode("utf-8"), params)
+        finally:
+            _captures.remove(captured)
+        if not handle:
+            detail = "; ".join(line for line in captured[-6:] if line.strip())
+            raise ModelLoadError(f"llama.cpp could not load {self.path.name}: {detail or 'unknown error'}")
+        self._handle = handle
+        self._vocab = llama_cpp.llama_model_get_vocab(handle)
+        self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        self.n_layer: int = llama_cpp.llama_model_n_layer(handle)
+        self.n_ctx_train: int = llama_cpp.llama_model_n_ctx_train(handle)
+        self.n_embd: int = llama_cpp.llama_model_n_embd(handle)
+        self.size_bytes: int = llama_cpp.llama_model_size(handle)
+        self.n_params: int = llama_cpp.llama_model_n_params(handle)
+        self.bos: int = llama_cpp.llama_vocab_bos(self._vocab)
+        self.eos: int = llama_cpp.llama_vocab_eos(self._vocab)
+        self.add_bos: bool = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+        self.add_eos: bool = bool(llama_cpp.llama_vocab_get_add_eos(self._vocab))
+        self.vocab_type: int = llama_cpp.llama_vocab_type(self._vocab)
+        self._eog = np.zeros(self.n_vocab, dtype=bool)
+        for t in range(self.n_vocab):
+            self._eog[t] = llama_cpp.llama_vocab_is_eog(self._vocab, t)
+        self._pieces: dict[tuple[int, bool], bytes] = {}
+        self.offload = self._offload_report(int(n_gpu_layers), captured)
+
+    def _offload_report(self, requested: int, lines: list[str]) -> OffloadReport:
+        offloaded, total = 0, self.n_layer + 1
+        for line in lines:
+            if "offloaded" in line and "layers to GPU" in line:
+                frac = line.split("offloaded", 1)[1].split("layers", 1)[0].strip()
+                a, _, b = frac.partition("/")
+                if a.isdigit() and b.isdigit():
+                    offloaded, total = int(a), int(b)
+        return OffloadReport(requested, offloaded, total, backend_name() if offloaded else "CPU")
+
+    # -- metadata -----------------------------------------------------------------------------------
+    def description(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        llama_cpp.llama_model_desc(self._handle, buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    def meta(self, key: str) -> str | None:
+        """A GGUF metadata value rendered as a string by llama.cpp, or None."""
+        size = 4096
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = llama_cpp.llama_model_meta_val_str(self._handle, key.encode(), buf, size)
+            if n < 0:
+                return None
+            if n < size:
+                return buf.value.decode("utf-8", errors="replace")
+            size = n + 1
+
+    def chat_template(self) -> str | None:
+        ptr = llama_cpp.llama_model_chat_template(self._handle, None)
+        return ptr.decode("utf-8", errors="replace") if ptr else None
+
+    # -- vocabulary ---------------------------------------------------------------------------------
+    def is_eog(self, token: int) -> bool:
+        return bool(self._eog[token])
+
+    def token_text(self, token: int) -> str:
+        raw = llama_cpp.llama_vocab_get_text(self._vocab, token)
+        return raw.decode("utf-8", errors="replace") if raw else ""
+
+    def token_name(self, token: int) -> str:
+        """The token id's string form for messages (special tokens rendered)."""
+        return self.piece(token, special=True).decode("utf-8", errors="replace")
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        buf = (llama_cpp.llama_token * cap)()
+        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (llama_cpp.llama_token * cap)()
+            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            raise LlamaError(f"tokenization failed ({n})")
+        return list(buf[:n])
+
+    def piece(self, token: int, *, special: bool = False) -> bytes:
+        """The bytes of one token (possibly an incomplete UTF-8 sequence)."""
+        key = (token, special)
+        cached = self._pieces.get(key)
+        if cached is not None:
+            return cached
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, 64, 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, -n, 0, special)
+        out = buf.raw[:n]
+        self._pieces[key] = out
+        return out
+
+    def detokenize(self, tokens: Sequence[int], *, special: bool = False) -> bytes:
+        return b"".join(self.piece(t, special=special) for t in tokens)
+
+    def close(self) -> None:
+        if getattr(self, "_handle", None):
+            llama_cpp.llama_model_free(self._handle)
+            self._handle = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# Context
+# --------------------------------------------------------------------------------------------------
+
+
+class Context:
+    """A ``llama_context`` on one model: one sequence, a KV cache, logits of the last decode."""
+
+    def __init__(
+        self,
+        model: Model,
+        *,
+        n_ctx: int = 4096,
+        n_batch: int = 512,
+        n_threads: int | None = None,
+        n_threads_batch: int | None = None,
+        flash_attn: bool | None = None,
+    ):
+        self.model = model
+        threads = n_threads or max(1, (os.cpu_count() or 2))
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = int(n_ctx)
+        params.n_batch = int(n_batch)
+        params.n_ubatch = min(int(n_batch), 512)
+        params.n_seq_max = 1
+        params.n_threads = threads
+        params.n_threads_batch = n_threads_batch or threads
+        params.no_perf = True
+        params.flash_attn_type = {
+            None: llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
+            True: llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+            False: llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+        }[flash_attn]
+        handle = llama_cpp.llama_init_from_model(model._handle, params)
+        if not handle:
+            detail = "; ".join(recent_log(5))
+            raise LlamaError(f"could not create a context (n_ctx={n_ctx}) for {model.path.name}: {detail}")
+        self._handle = handle
+        self._mem = llama_cpp.llama_get_memory(handle)
+        self.n_ctx: int = llama_cpp.llama_n_ctx(handle)
+        self.n_batch: int = int(n_batch)
+        self.n_threads = threads
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        self._n_out = 0  # outputs (logit rows) of the last decode
+        self.n_vocab = model.n_vocab
+
+    def decode(self, tokens: Sequence[int], pos0: int, *, logits: str | Sequence[bool] = "last") -> int:
+        """Evaluate ``tokens`` at positions ``pos0...``; keep logits "last", "all", "none" or by mask.
+
+        Returns the number of logit rows available through :meth:`logits`, in batch order. Batches larger
+        than ``n_batch`` are split; logits are then only kept for the final chunk's requested rows.
+        """
+        n = len(tokens)
+        if n == 0:
+            return 0
+        if pos0 + n > self.n_ctx:
+            raise ContextFullError(f"context is full: {pos0 + n} tokens > n_ctx {self.n_ctx}")
+        if isinstance(logits, str):
+            mask = [False] * n
+            if logits == "all":
+                mask = [True] * n
+            elif logits == "last":
+                mask[-1] = True
+            elif logits != "none":
+                raise ValueError(f"logits must be 'last', 'all', 'none' or a mask, not {logits!r}")
+        else:
+            mask = list(logits)
+        b = self._batch
+        for start in range(0, n, self.n_batch):
+            chunk = range(start, min(n, start + self.n_batch))
+            n_out = 0
+            for j, i in enumerate(chunk):
+                b.token[j] = tokens[i]
+                b.pos[j] = pos0 + i
+                b.n_seq_id[j] = 1
+                b.seq_id[j][0] = 0
+                b.logits[j] = mask[i]
+                n_out += mask[i]
+            b.n_tokens = len(chunk)
+            rc = llama_cpp.llama_decode(self._handle, b)
+            if rc != 0:
+                if rc == 1:
+                    raise ContextFullError(f"no KV slot for {len(chunk)} tokens at position {pos0 + start}")
+                raise DecodeError(f"llama_decode failed with code {rc}")
+            self._n_out = n_out
+        return self._n_out
+
+    def logits(self, i: int) -> np.ndarray:
+        """Logits of output row ``i`` of the last decode (a view: copy it to keep it past the next one)."""
+        if not -self._n_out <= i < self._n_out:
+            raise IndexError(f"logit row {i} of {self._n_out}")
+        ptr = llama_cpp.llama_get_logits_ith(self._handle, i)
+        if not ptr:
+            raise LlamaError(f"no logits for row {i}")
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def trim(self, pos: int) -> None:
+        """Forget every cached position ``>= pos`` (KV-cache rollback)."""
+        if not llama_cpp.llama_memory_seq_rm(self._mem, 0, int(pos), -1):
+            raise LlamaError(f"could not remove KV positions from {pos}")
+
+    def clear(self) -> None:
+        llama_cpp.llama_memory_clear(self._mem, True)
+
+    def n_cached(self) -> int:
+        """Number of positions in the KV cache (max position + 1)."""
+        return int(llama_cpp.llama_memory_seq_pos_max(self._mem, 0)) + 1
+
+    def set_threads(self, n_threads: int, n_threads_batch: int | None = None) -> None:
+        llama_cpp.llama_set_n_threads(self._handle, n_threads, n_threads_batch or n_threads)
+        self.n_threads = n_threads
+
+    def close(self) -> None:
+        if getattr(self, "_handle", None):
+            llama_cpp.llama_batch_free(self._batch)
+            llama_cpp.llama_free(self._handle)
+            self._handle = None
+
+    def __del__(self) -> None:
+        self.close()

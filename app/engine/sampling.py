@@ -1,0 +1,146 @@
+"""Logits -> probabilities under the sampling settings, and the exact speculative accept/resample step.
+
+Pure numpy. The *same* transform is applied to the target's and the draft's logits, so speculative
+sampling reproduces exactly the distribution plain sampling would use. The order of the transforms
+follows llama.cpp's default sampler chain: repetition penalty, top-k, top-p, min-p, then temperature.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+class SamplingError(ValueError):
+    """Invalid sampling settings."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the next token is chosen. ``temperature == 0`` is greedy decoding."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    min_p: float = 0.0  # 0 = off
+    repeat_penalty: float = 1.0  # 1 = off
+    repeat_last_n: int = 64
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise SamplingError(f"temperature must be >= 0, not {self.temperature}")
+        if self.top_k < 0:
+            raise SamplingError(f"top_k must be >= 0 (0 = off), not {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise SamplingError(f"top_p must be in (0, 1], not {self.top_p}")
+        if not 0 <= self.min_p < 1:
+            raise SamplingError(f"min_p must be in [0, 1), not {self.min_p}")
+        if not (math.isfinite(self.repeat_penalty) and self.repeat_penalty > 0):
+            raise SamplingError(f"repeat_penalty must be > 0, not {self.repeat_penalty}")
+        if self.repeat_last_n < 0:
+            raise SamplingError(f"repeat_last_n must be >= 0, not {self.repeat_last_n}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def penalized(logits: np.ndarray, history: Sequence[int], params: SamplingParams) -> np.ndarray:
+    """Apply llama.cpp's repetition penalty over the last ``repeat_last_n`` tokens of ``history``.
+
+    Returns ``logits`` itself when there is nothing to do (callers must not modify it), else a copy.
+    """
+    if params.repeat_penalty == 1.0 or params.repeat_last_n == 0 or not history:
+        return logits
+    recent = np.unique(np.asarray(history[-params.repeat_last_n :], dtype=np.int64))
+    out = np.array(logits, dtype=np.float32, copy=True)
+    vals = out[recent]
+    out[recent] = np.where(vals <= 0, vals * params.repeat_penalty, vals / params.repeat_penalty)
+    return out
+
+
+def greedy_token(logits: np.ndarray, history: Sequence[int], params: SamplingParams) -> int:
+    """The argmax token after the repetition penalty (ties go to the lowest id, as in llama.cpp)."""
+    return int(np.argmax(penalized(logits, history, params)))
+
+
+def top_probability(logits: np.ndarray) -> float:
+    """The largest softmax probability of raw ``logits`` (the draft's confidence in greedy mode)."""
+    x = np.asarray(logits, dtype=np.float64)
+    m = x.max()
+    return float(1.0 / np.exp(x - m).sum())
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+def distribution(logits: np.ndarray, history: Sequence[int], params: SamplingParams) -> np.ndarray:
+    """The dense probability vector (float64, sums to 1) that sampling draws the next token from.
+
+    Greedy settings give a one-hot vector at the argmax, so the accept/resample rule below also
+    covers greedy verification.
+    """
+    x = penalized(logits, history, params).astype(np.float64)
+    n = x.shape[0]
+    if params.greedy:
+        out = np.zeros(n)
+        out[int(np.argmax(x))] = 1.0
+        return out
+    keep = np.arange(n)
+    if 0 < params.top_k < n:
+        keep = np.argpartition(-x, params.top_k - 1)[: params.top_k]
+    xs = x[keep]
+    if params.top_p < 1.0 or params.min_p > 0.0:
+        p = _softmax(xs)
+        order = np.argsort(-p, kind="stable")
+        p, keep, xs = p[order], keep[order], xs[order]
+        cut = len(p)
+        if params.top_p < 1.0:
+            # smallest prefix whose mass reaches top_p (always at least one token)
+            cut = min(cut, int(np.searchsorted(np.cumsum(p), params.top_p)) + 1)
+        if params.min_p > 0.0:
+            cut = min(cut, max(1, int(np.count_nonzero(p >= params.min_p * p[0]))))
+        keep, xs = keep[:cut], xs[:cut]
+    out = np.zeros(n)
+    out[keep] = _softmax(xs / params.temperature)
+    return out
+
+
+def sample(p: np.ndarray, rng: np.random.Generator) -> int:
+    """Draw one token id from the probability vector ``p``."""
+    support = np.flatnonzero(p)
+    if support.size == 1:
+        return int(support[0])
+    cdf = np.cumsum(p[support])
+    i = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+    return int(support[min(i, support.size - 1)])
+
+
+def accept_or_resample(
+    p: np.ndarray, q: np.ndarray | None, token: int, rng: np.random.Generator
+) -> tuple[bool, int]:
+    """The exact speculative sampling step for one drafted ``token``.
+
+    ``p`` is the target's distribution, ``q`` the draft's (``None`` for a deterministic drafter such as
+    prompt lookup, i.e. a point mass at ``token``). Accept with probability min(1, p/q); on rejection
+    draw from normalize(max(0, p - q)). The token that comes out is distributed exactly as ``p``.
+    Returns (accepted, token).
+    """
+    pt = float(p[token])
+    qt = 1.0 if q is None else float(q[token])
+    if qt > 0.0 and (pt >= qt or rng.random() * qt < pt):
+        return True, token
+    if q is None:
+        residual = p.copy()
+        residual[token] = 0.0
+    else:
+        residual = np.maximum(p - q, 0.0)
+    if residual.sum() <= 0.0:  # p <= q everywhere cannot reject in exact arithmetic; guard rounding
+        return False, sample(p, rng)
+    return False, sample(residual, rng)

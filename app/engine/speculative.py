@@ -1,0 +1,213 @@
+"""The speculative loop: a generator of events, with KV-cache rollback in ``finally``.
+
+Invariant between rounds: the target's KV cache holds ``tokens[:-1]``; the last accepted token is
+*pending* (not evaluated yet). A round evaluates ``[pending, d1..dk]`` in one batch with logits at every
+position, accepts a prefix of the draft, appends the target's own token at the first mismatch (or a
+bonus token when all were accepted), and trims the rejected positions from the cache. With no draft
+(k = 0) the same round is plain decoding, so plain and speculative modes share one code path.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+import numpy as np
+
+from app.engine import sampling
+from app.engine.chat import StopMatcher, Utf8Stream
+from app.engine.drafters import EMPTY, Drafter, Proposal, common_prefix
+from app.engine.events import Finished, Started, StatsBuilder, Step
+from app.engine.llama import Context
+from app.engine.policy import Choice, DraftPolicy
+from app.engine.sampling import SamplingParams
+
+
+class PromptTooLongError(ValueError):
+    """The prompt does not fit in the context."""
+
+
+class TargetCache:
+    """The target context and the tokens its KV cache holds (reused across requests by prefix)."""
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self.tokens: list[int] = []
+
+    def begin(self, prompt: Sequence[int]) -> int:
+        """Evaluate ``prompt[:-1]``, reusing the cached common prefix; returns tokens reused."""
+        keep = min(common_prefix(self.tokens, prompt), len(prompt) - 1)
+        self.rollback(keep)
+        self.ctx.decode(prompt[keep:-1], keep, logits="none")
+        self.tokens.extend(prompt[keep:-1])
+        return keep
+
+    def rollback(self, n: int) -> None:
+        """Keep only the first ``n`` cached positions."""
+        if n < len(self.tokens) or self.ctx.n_cached() > n:
+            self.ctx.trim(n)
+        del self.tokens[n:]
+
+
+def verify(
+    row: Callable[[int], np.ndarray],
+    context: Sequence[int],
+    proposal: Proposal,
+    params: SamplingParams,
+    rng: np.random.Generator,
+) -> tuple[list[int], list[bool]]:
+    """One verification: the tokens the round adds and, for each, whether it was an accepted draft.
+
+    ``row(i)`` gives the target's logits after the pending token and the first ``i`` draft tokens;
+    ``context`` ends with the pending token (only its last ``repeat_last_n`` tokens matter).
+    Greedy: accept while the draft equals the target's argmax. Otherwise: exact rejection sampling.
+    """
+    window = list(context[-params.repeat_last_n :]) if params.repeat_penalty != 1.0 else []
+    out: list[int] = []
+    from_draft: list[bool] = []
+    for i, d in enumerate(proposal.tokens):
+        if params.greedy:
+            t = sampling.greedy_token(row(i), window, params)
+            ok = t == d
+        else:
+            p = sampling.distribution(row(i), window, params)
+            ok, t = sampling.accept_or_resample(p, proposal.q[i], d, rng)
+        out.append(t)
+        from_draft.append(ok)
+        if not ok:
+            return out, from_draft
+        window.append(t)
+    last = row(len(proposal.tokens))
+    if params.greedy:
+        out.append(sampling.greedy_token(last, window, params))
+    else:
+        out.append(sampling.sample(sampling.distribution(last, window, params), rng))
+    from_draft.append(False)
+    return out, from_draft
+
+
+def _flush(utf8: Utf8Stream, stopper: StopMatcher) -> str:
+    safe, _ = stopper.feed(utf8.flush())
+    return safe + stopper.flush()
+
+
+def generate(
+    target: TargetCache,
+    drafter: Drafter | None,
+    policy: DraftPolicy,
+    prompt: Sequence[int],
+    params: SamplingParams,
+    *,
+    piece: Callable[[int], bytes],
+    is_eog: Callable[[int], bool],
+    max_tokens: int,
+    stop: Sequence[str] = (),
+    cancel: Callable[[], bool] | None = None,
+    mode: str = "speculative",
+    rng: np.random.Generator | None = None,
+) -> Iterator[Started | Step | Finished]:
+    """Generate a reply to ``prompt`` (token ids), yielding ``Started``, ``Step``s and ``Finished``.
+
+    The ``Step`` texts concatenate to the reply; ``Finished.text`` is the whole reply (after a cancel it
+    also holds text that was held back, e.g. the start of a possible stop string).
+    """
+    n_ctx = target.ctx.n_ctx
+    if not prompt:
+        raise ValueError("the prompt is empty")
+    if len(prompt) >= n_ctx:
+        raise PromptTooLongError(
+            f"the prompt has {len(prompt)} tokens but the context holds {n_ctx}: "
+            "shorten it, start a new chat, or load the model with a larger context"
+        )
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, not {max_tokens}")
+    rng = rng if rng is not None else np.random.default_rng(params.seed)
+    stats = StatsBuilder(mode=mode, n_prompt_tokens=len(prompt))
+
+    t_start = time.perf_counter()
+    tokens = list(prompt)
+    n_prompt = len(prompt)
+    reason = ""
+    utf8 = Utf8Stream()
+    stopper = StopMatcher(stop)
+    pieces: list[str] = []
+    try:
+        stats.n_prompt_cached = target.begin(prompt)
+        if drafter is not None:
+            drafter.begin(prompt)
+        stats.t_prompt = time.perf_counter() - t_start
+        yield Started(len(prompt), stats.n_prompt_cached, stats.t_prompt)
+        t_decode0 = time.perf_counter()
+
+        while not reason:
+            if cancel is not None and cancel():
+                reason = "cancelled"
+                break
+            t0 = time.perf_counter()
+            n = len(tokens)  # the pending token sits at position n - 1
+            limit = max(0, min(max_tokens - (n - n_prompt) - 1, n_ctx - n))
+            choice = policy.choose(limit) if drafter is not None else Choice(0, "no drafter")
+            proposal = drafter.propose(tokens, choice.k, params, rng) if drafter and choice.k else EMPTY
+
+            t1 = time.perf_counter()
+            target.ctx.decode([tokens[-1], *proposal.tokens], n - 1, logits="all")
+            t_llama_verify = time.perf_counter() - t1
+            target.tokens.append(tokens[-1])
+            target.tokens.extend(proposal.tokens)
+            new, from_draft = verify(target.ctx.logits, tokens, proposal, params, rng)
+            n_accepted = sum(from_draft)
+            target.rollback(n + n_accepted)  # keep through the last accepted draft token
+            policy.observe(len(proposal.tokens), n_accepted)
+            t_verify = time.perf_counter() - t1
+
+            text_parts: list[str] = []
+            kept = 0
+            for tok in new:
+                tokens.append(tok)
+                kept += 1
+                if is_eog(tok):
+                    reason = "eog"
+                    break
+                safe, hit = stopper.feed(utf8.feed(piece(tok)))
+                text_parts.append(safe)
+                if hit:
+                    reason = "stop"
+                    break
+                if len(tokens) - n_prompt >= max_tokens:
+                    reason = "length"
+                    break
+            if not reason and len(tokens) > n_ctx:
+                reason = "context"
+            if reason and reason != "stop":  # the reply ends here: release held-back text
+                text_parts.append(_flush(utf8, stopper))
+            shown = tuple(t for t in new[:kept] if not is_eog(t))
+            text = "".join(text_parts)
+            pieces.append(text)
+            step = Step(
+                text=text,
+                tokens=shown,
+                from_draft=tuple(from_draft[: len(shown)]),
+                n_drafted=len(proposal.tokens),
+                n_accepted=n_accepted,
+                k=choice.k,
+                drafter=proposal.source,
+                reason=choice.reason,
+                t_draft=t1 - t0,
+                t_verify=t_verify,
+                t_round=time.perf_counter() - t0,
+                t_llama=proposal.t_llama + t_llama_verify,
+            )
+            stats.add(step)
+            if stats.ttft == 0.0 and shown:
+                stats.ttft = time.perf_counter() - t_start
+            yield step
+    finally:
+        # Whatever happened (cancel, an abandoned stream, an exception), leave the KV cache holding
+        # exactly the accepted text minus the pending token, ready for the next request.
+        target.rollback(min(len(target.tokens), max(0, len(tokens) - 1)))
+
+    t_decode = time.perf_counter() - t_decode0
+    if reason == "cancelled":
+        pieces.append(_flush(utf8, stopper))
+    generated = tuple(t for t in tokens[n_prompt:] if not is_eog(t))
+    yield Finished(reason, "".join(pieces), generated, stats.build(t_decode, len(generated)))
