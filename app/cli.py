@@ -26,9 +26,13 @@ def _add_load_args(p: argparse.ArgumentParser, *, draft_flag: bool = True) -> No
 
 
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--mode", choices=("speculative", "plain", "lookup"), default=None,
-                   help="speculative (needs --draft; the default with one), lookup (prompt n-grams; the "
-                        "default without a draft) or plain")
+    p.add_argument(
+        "--mode",
+        choices=("speculative", "plain", "lookup"),
+        default=None,
+        help="speculative (needs --draft; the default with one), lookup (prompt n-grams; the "
+        "default without a draft) or plain",
+    )
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
@@ -97,17 +101,29 @@ def cmd_generate(args: argparse.Namespace) -> int:
         settings = GenerationSettings(
             mode=mode,
             sampling=SamplingParams(
-                temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                repeat_penalty=args.repeat_penalty, seed=args.seed,
+                temperature=args.temperature,
+                top_k=args.top_k,
+                top_p=args.top_p,
+                min_p=args.min_p,
+                repeat_penalty=args.repeat_penalty,
+                seed=args.seed,
             ),
-            max_tokens=args.max_tokens, n_max=args.n_max, n_min=min(args.n_min, args.n_max),
-            p_min=args.p_min, adaptive=not args.no_adaptive, stop=tuple(args.stop),
+            max_tokens=args.max_tokens,
+            n_max=args.n_max,
+            n_min=min(args.n_min, args.n_max),
+            p_min=args.p_min,
+            adaptive=not args.no_adaptive,
+            stop=tuple(args.stop),
         )
         if mode == "speculative" and not args.draft:
             raise EngineError("--mode speculative needs --draft (or use --mode lookup)")
         load = LoadSettings(
-            target=args.target, draft=args.draft if mode == "speculative" else None, n_ctx=args.ctx,
-            n_threads=args.threads, n_gpu_layers=args.gpu_layers, n_gpu_layers_draft=args.draft_gpu_layers,
+            target=args.target,
+            draft=args.draft if mode == "speculative" else None,
+            n_ctx=args.ctx,
+            n_threads=args.threads,
+            n_gpu_layers=args.gpu_layers,
+            n_gpu_layers_draft=args.draft_gpu_layers,
             flash_attn={"auto": None, "on": True, "off": False}[args.flash_attn],
         )
     except (ValueError, EngineError, SamplingError) as e:

@@ -192,8 +192,9 @@ class LookupDrafter:
             if end is not None:
                 cont = tuple(toks[end : end + k])
                 if cont:
-                    return Proposal(cont, (None,) * len(cont), (1.0,) * len(cont), self.name,
-                                    time.perf_counter() - t0)
+                    return Proposal(
+                        cont, (None,) * len(cont), (1.0,) * len(cont), self.name, time.perf_counter() - t0
+                    )
         return Proposal((), (), (), self.name, time.perf_counter() - t0)
 
     def close(self) -> None:

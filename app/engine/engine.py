@@ -217,8 +217,12 @@ class Engine:
         return out
 
     def close(self) -> None:
-        for obj in (getattr(self, "_draft_ctx", None), getattr(self, "draft", None),
-                    getattr(self, "_target_ctx", None), getattr(self, "target", None)):
+        for obj in (
+            getattr(self, "_draft_ctx", None),
+            getattr(self, "draft", None),
+            getattr(self, "_target_ctx", None),
+            getattr(self, "target", None),
+        ):
             if obj is not None:
                 obj.close()
 

@@ -162,7 +162,7 @@ def devices() -> list[Device]:
 
 
 def backend_name() -> str:
-    """"CUDA", "Metal", "Vulkan", ... for the first GPU device, else "CPU"."""
+    """ "CUDA", "Metal", "Vulkan", ... for the first GPU device, else "CPU"."""
     for dev in devices():
         if dev.kind in ("GPU", "IGPU"):
             name = dev.name.rstrip("0123456789")
