@@ -306,3 +306,6 @@ def test_bad_model_files(tmp_path, tiny_pair) -> None:
     for path, message in cases:
         with pytest.raises(ModelLoadError, match=message):
             Engine(LoadSettings(target=str(path)))
+        # as a draft, the file is refused before the compatibility check or any loading
+        with pytest.raises(ModelLoadError, match=message if message != "could not load" else "truncated"):
+            Engine(LoadSettings(target=str(tiny_pair.target), draft=str(path)))

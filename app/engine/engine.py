@@ -11,7 +11,8 @@ from app.engine import compat
 from app.engine.chat import ChatTemplate, Message
 from app.engine.drafters import Drafter, LookupDrafter, ModelDrafter
 from app.engine.events import Finished, Started, Step
-from app.engine.llama import Context, Model, backend_name, devices
+from app.engine.gguf_meta import GGUFError
+from app.engine.llama import Context, Model, ModelLoadError, backend_name, check_model_file, devices
 from app.engine.policy import AdaptivePolicy, DraftPolicy, FixedPolicy, PlainPolicy
 from app.engine.sampling import SamplingParams
 from app.engine.speculative import TargetCache, generate
@@ -83,17 +84,27 @@ class GenerationSettings:
 class Engine:
     """A loaded target (and optional draft) model with their contexts."""
 
-    def __init__(self, settings: LoadSettings):
+    def __init__(self, settings: LoadSettings, *, progress: Callable[[str, float], None] | None = None):
+        """Load the pair. ``progress(stage, fraction)`` reports loading ("target", then "draft")."""
         self.settings = settings
         self._lock = threading.Lock()
         self.compatibility: compat.Compatibility | None = None
         if settings.draft:  # check the pair before loading anything large
-            self.compatibility = compat.check_files(settings.target, settings.draft)
+            check_model_file(settings.target)
+            check_model_file(settings.draft)
+            try:
+                self.compatibility = compat.check_files(settings.target, settings.draft)
+            except GGUFError as e:
+                raise ModelLoadError(str(e)) from e
             if not self.compatibility.ok:
                 raise IncompatibleDraftError(
                     f"the draft model cannot be used with this target: {self.compatibility.reason}"
                 )
-        self.target = Model(settings.target, n_gpu_layers=settings.n_gpu_layers)
+        self.target = Model(
+            settings.target,
+            n_gpu_layers=settings.n_gpu_layers,
+            progress=(lambda f: progress("target", f)) if progress else None,
+        )
         self.draft: Model | None = None
         self._draft_ctx: Context | None = None
         try:
@@ -106,7 +117,11 @@ class Engine:
             )
             self._cache = TargetCache(self._target_ctx)
             if settings.draft:
-                self.draft = Model(settings.draft, n_gpu_layers=settings.n_gpu_layers_draft)
+                self.draft = Model(
+                    settings.draft,
+                    n_gpu_layers=settings.n_gpu_layers_draft,
+                    progress=(lambda f: progress("draft", f)) if progress else None,
+                )
                 self._draft_ctx = Context(
                     self.draft,
                     n_ctx=self._target_ctx.n_ctx,

@@ -11,7 +11,7 @@ import logging
 import os
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -210,12 +210,32 @@ class OffloadReport:
 class Model:
     """A loaded GGUF model (``llama_model``) and its vocabulary."""
 
-    def __init__(self, path: str | os.PathLike[str], *, n_gpu_layers: int = 0, use_mmap: bool = True):
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        n_gpu_layers: int = 0,
+        use_mmap: bool = True,
+        progress: Callable[[float], bool | None] | None = None,
+    ):
+        """Load ``path``. ``progress(fraction)`` is called while loading; returning False cancels."""
         init_backend()
         self.path = check_model_file(path)
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = int(n_gpu_layers)
         params.load_mode = llama_cpp.LLAMA_LOAD_MODE_MMAP if use_mmap else llama_cpp.LLAMA_LOAD_MODE_NONE
+        if progress is not None:
+
+            def _progress(fraction: float, _user: ctypes.c_void_p) -> bool:
+                try:
+                    return progress(float(fraction)) is not False
+                except Exception:  # an exception must not cross the C boundary
+                    log.exception("progress callback failed")
+                    return True
+
+            # keep the ctypes thunk alive for the duration of the load
+            self._progress_cb = llama_cpp.llama_progress_callback(_progress)
+            params.progress_callback = self._progress_cb
         captured: list[str] = []
         _captures.append(captured)
         try:
