@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -30,6 +30,10 @@ class Proposal:
     source: str  # "model" or "lookup"
     t: float  # seconds spent drafting
     t_llama: float = 0.0  # of which inside llama_decode
+    n_steps: int = 0  # single-token draft decodes (the per-token cost sample for auto mode)
+    t_steps: float = 0.0  # seconds those took
+    planned: int = -1  # the draft length the drafter planned (-1: the policy's choice)
+    reason: str = ""  # why (empty: the policy's reason)
 
 
 EMPTY = Proposal((), (), (), "none", 0.0)
@@ -71,13 +75,14 @@ class ModelDrafter:
         self._cached: list[int] = []  # tokens whose KV is in the draft context, in order
         self._stable = 0  # a prefix length known to agree with the caller's tokens
 
-    def begin(self, prompt: Sequence[int]) -> float:
+    def begin(self, prompt: Sequence[int], *, evaluate: bool = True) -> float:
+        """Reuse the cached common prefix; evaluate the rest now or (``evaluate=False``) lazily."""
         t0 = time.perf_counter()
         keep = common_prefix(self._cached, prompt)
         self._trim(keep)
         self._stable = keep
         # Evaluate all but the last prompt token now, so the first round only decodes one token.
-        if len(prompt) - 1 > keep:
+        if evaluate and len(prompt) - 1 > keep:
             self.ctx.decode(prompt[keep:-1], keep, logits="none")
             self._cached.extend(prompt[keep:-1])
         self._stable = len(self._cached)
@@ -101,12 +106,20 @@ class ModelDrafter:
         return time.perf_counter() - t0
 
     def propose(
-        self, tokens: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator
+        self,
+        tokens: Sequence[int],
+        k: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        *,
+        keep_going: Callable[[int, Sequence[float]], bool] | None = None,
     ) -> Proposal:
+        """Draft up to ``k`` tokens; stop early under ``p_min`` or when ``keep_going(j, conf)`` says so."""
         if k <= 0:
             return EMPTY
         t0 = time.perf_counter()
         t_llama = self._sync(tokens)
+        t_steps, n_steps = 0.0, 0
         ids: list[int] = []
         qs: list[np.ndarray | None] = []
         conf: list[float] = []
@@ -129,12 +142,18 @@ class ModelDrafter:
             qs.append(q)
             conf.append(c)
             history.append(tok)
-            if j < k - 1:
-                t1 = time.perf_counter()
-                self.ctx.decode([tok], len(self._cached), logits="last")
-                t_llama += time.perf_counter() - t1
-                self._cached.append(tok)
-        return Proposal(tuple(ids), tuple(qs), tuple(conf), self.name, time.perf_counter() - t0, t_llama)
+            if j == k - 1 or (keep_going is not None and not keep_going(j, conf)):
+                break
+            t1 = time.perf_counter()
+            self.ctx.decode([tok], len(self._cached), logits="last")
+            dt = time.perf_counter() - t1
+            t_llama += dt
+            t_steps += dt
+            n_steps += 1
+            self._cached.append(tok)
+        return Proposal(
+            tuple(ids), tuple(qs), tuple(conf), self.name, time.perf_counter() - t0, t_llama, n_steps, t_steps
+        )
 
     def close(self) -> None:
         self._cached.clear()

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from app.engine import compat
+from app.engine.auto import AutoDrafter, CostModel, MeasuredCosts
 from app.engine.chat import ChatTemplate, Message
 from app.engine.drafters import Drafter, LookupDrafter, ModelDrafter
 from app.engine.events import Finished, Started, Step
@@ -17,7 +19,7 @@ from app.engine.policy import AdaptivePolicy, DraftPolicy, FixedPolicy, PlainPol
 from app.engine.sampling import SamplingParams
 from app.engine.speculative import TargetCache, generate
 
-MODES = ("speculative", "plain", "lookup")
+MODES = ("auto", "speculative", "plain", "lookup")
 
 
 class EngineError(ValueError):
@@ -57,7 +59,7 @@ class LoadSettings:
 class GenerationSettings:
     """How to generate one reply."""
 
-    mode: str = "speculative"
+    mode: str = "auto"
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_tokens: int = 512
     n_max: int = 8
@@ -84,8 +86,17 @@ class GenerationSettings:
 class Engine:
     """A loaded target (and optional draft) model with their contexts."""
 
-    def __init__(self, settings: LoadSettings, *, progress: Callable[[str, float], None] | None = None):
-        """Load the pair. ``progress(stage, fraction)`` reports loading ("target", then "draft")."""
+    def __init__(
+        self,
+        settings: LoadSettings,
+        *,
+        progress: Callable[[str, float], None] | None = None,
+        costs: CostModel | None = None,
+    ):
+        """Load the pair. ``progress(stage, fraction)`` reports loading ("target", then "draft").
+
+        ``costs`` replaces auto mode's measured cost model (tests use synthetic ones).
+        """
         self.settings = settings
         self._lock = threading.Lock()
         self.compatibility: compat.Compatibility | None = None
@@ -133,6 +144,11 @@ class Engine:
             self.close()
             raise
         self._model_drafter = ModelDrafter(self._draft_ctx) if self._draft_ctx else None
+        # auto mode's cost measurements belong to this loaded pair on this machine: keep them
+        self.costs: CostModel = costs or MeasuredCosts()
+        self._auto: dict[int, AutoDrafter] = {}
+        if costs is None:
+            self._warm_up()
         template = self.target.chat_template()
         bos = self.target.token_name(self.target.bos) if self.target.bos >= 0 else ""
         eos = self.target.token_name(self.target.eos) if self.target.eos >= 0 else ""
@@ -140,6 +156,29 @@ class Engine:
             ChatTemplate(template, bos_token=bos, eos_token=eos) if template else ChatTemplate.fallback()
         )
         self.has_chat_template = bool(template)
+
+    def _warm_up(self) -> None:
+        """First evaluations allocate buffers and are slow: run them now, and seed auto mode's costs.
+
+        The first evaluation of each batch size is discarded; the rest are the first cost samples.
+        """
+        tok = self.target.bos if self.target.bos >= 0 else 0
+        seen: set[int] = set()
+        for batch in (1, 4, 1, 4, 1):
+            t0 = time.perf_counter()
+            self._target_ctx.decode([tok] * batch, 0, logits="last")
+            dt = time.perf_counter() - t0
+            self._target_ctx.trim(0)
+            if batch in seen:
+                self.costs.observe_verify(batch, dt)
+            seen.add(batch)
+        if self._draft_ctx is not None:
+            for i in range(3):
+                t0 = time.perf_counter()
+                self._draft_ctx.decode([tok], 0, logits="last")
+                if i:
+                    self.costs.observe_draft(1, time.perf_counter() - t0)
+                self._draft_ctx.trim(0)
 
     # -- prompts ------------------------------------------------------------------------------------
     def tokenize(self, text: str) -> list[int]:
@@ -166,6 +205,8 @@ class Engine:
     def _policy(self, gs: GenerationSettings) -> DraftPolicy:
         if gs.mode == "plain":
             return PlainPolicy()
+        if gs.mode == "auto":
+            return FixedPolicy(gs.n_max)  # the AutoDrafter chooses within this limit
         if gs.adaptive:
             return AdaptivePolicy(gs.n_min, gs.n_max)
         return FixedPolicy(gs.n_max)
@@ -175,6 +216,14 @@ class Engine:
             return None
         if gs.mode == "lookup":
             return LookupDrafter()
+        if gs.mode == "auto":
+            if gs.n_max not in self._auto:
+                self._auto[gs.n_max] = AutoDrafter(
+                    self._model_drafter, LookupDrafter(), n_max=gs.n_max, costs=self.costs
+                )
+            if self._model_drafter is not None:
+                self._model_drafter.p_min = gs.p_min
+            return self._auto[gs.n_max]
         if self._model_drafter is None:
             raise EngineError("speculative mode needs a draft model: load one, or use mode 'lookup'")
         self._model_drafter.p_min = gs.p_min

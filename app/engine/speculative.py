@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 from app.engine import sampling
+from app.engine.auto import Outcome
 from app.engine.chat import StopMatcher, Utf8Stream
 from app.engine.drafters import EMPTY, Drafter, Proposal, common_prefix
 from app.engine.events import Finished, Started, StatsBuilder, Step
@@ -158,6 +159,17 @@ def generate(
             n_accepted = sum(from_draft)
             target.rollback(n + n_accepted)  # keep through the last accepted draft token
             policy.observe(len(proposal.tokens), n_accepted)
+            if drafter is not None and hasattr(drafter, "observe"):
+                drafter.observe(
+                    proposal,
+                    Outcome(
+                        proposal.source,
+                        len(proposal.tokens),
+                        n_accepted,
+                        1 + len(proposal.tokens),
+                        t_llama_verify,
+                    ),
+                )
             t_verify = time.perf_counter() - t1
 
             text_parts: list[str] = []
@@ -189,9 +201,9 @@ def generate(
                 from_draft=tuple(from_draft[: len(shown)]),
                 n_drafted=len(proposal.tokens),
                 n_accepted=n_accepted,
-                k=choice.k,
+                k=proposal.planned if proposal.planned >= 0 else choice.k,
                 drafter=proposal.source,
-                reason=choice.reason,
+                reason=proposal.reason or choice.reason,
                 t_draft=t1 - t0,
                 t_verify=t_verify,
                 t_round=time.perf_counter() - t0,

@@ -1,0 +1,328 @@
+"""Auto mode: draft only when it pays, measured online for this pair on this machine.
+
+Before each round the :class:`AutoDrafter` picks the draft length ``k`` (0 = plain decoding) that
+maximizes expected tokens per second::
+
+    rate(k) = E[tokens | k] / (k * draft_cost + verify_cost(k + 1))
+    E[tokens | k] = 1 + sum_{i=1..k} prod_{j<=i} a_j
+
+where ``a_j`` is the measured chance that the j-th draft token is accepted when the ones before it
+were, ``draft_cost`` the draft's seconds per token and ``verify_cost(b)`` the target's seconds for a
+batch of ``b`` tokens (both :class:`MeasuredCosts`). Prompt lookup is tried first (its drafts cost
+almost nothing); the draft model next. While a model draft is being made, it stops as soon as the
+next token is no longer expected to pay for itself, judged from the draft's own confidence through a
+calibration of confidence to acceptance. When drafting does not pay, the drafter pauses and re-probes
+now and then (with exponential back-off) so it notices when drafting starts to pay.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+import numpy as np
+
+from app.engine.drafters import LookupDrafter, ModelDrafter, Proposal
+from app.engine.sampling import SamplingParams
+
+PAUSED = "drafting paused: verifying costs more than it saves on this machine"
+
+
+class CostModel(Protocol):
+    """Seconds a round's parts cost (measured, or synthetic in tests)."""
+
+    def verify(self, batch: int) -> float | None:
+        """The target's seconds to evaluate a batch of ``batch`` tokens (None: not known yet)."""
+        ...
+
+    def draft_step(self) -> float | None:
+        """The draft model's seconds per drafted token (None: not known yet)."""
+        ...
+
+    def observe_verify(self, batch: int, seconds: float) -> None: ...
+
+    def observe_draft(self, n_tokens: int, seconds: float) -> None: ...
+
+
+class _Window:
+    """Recent samples; their median resists the spikes a busy machine puts into timings."""
+
+    __slots__ = ("samples",)
+
+    def __init__(self, size: int):
+        self.samples: deque[float] = deque(maxlen=size)
+
+    def add(self, x: float) -> None:
+        self.samples.append(x)
+
+    @property
+    def n(self) -> int:
+        return len(self.samples)
+
+    @property
+    def value(self) -> float:
+        return float(np.median(self.samples))
+
+
+class MeasuredCosts:
+    """Online estimates of the target's verify cost by batch size and the draft's cost per token.
+
+    Each estimate is the median of the recent samples. Unmeasured batch sizes are interpolated by a
+    least-squares line through the measured ones; with a single measured size, a prior slope (relative
+    cost of each extra batch token, CPU-like by default) is used until probes measure more.
+    """
+
+    def __init__(self, *, prior_slope: float = 0.35, window: int = 15):
+        self.prior_slope = prior_slope
+        self.window = window
+        self._verify: dict[int, _Window] = {}
+        self._draft = _Window(window)
+        self._cache: dict[int, float | None] = {}
+
+    def observe_verify(self, batch: int, seconds: float) -> None:
+        self._verify.setdefault(batch, _Window(self.window)).add(seconds)
+        self._cache.clear()
+
+    def observe_draft(self, n_tokens: int, seconds: float) -> None:
+        if n_tokens > 0:
+            self._draft.add(seconds / n_tokens)
+
+    def verify(self, batch: int) -> float | None:
+        if batch not in self._cache:
+            self._cache[batch] = self._estimate(batch)
+        return self._cache[batch]
+
+    def _estimate(self, batch: int) -> float | None:
+        pts = {b: w.value for b, w in self._verify.items() if w.n}
+        if not pts:
+            return None
+        if batch in pts and self._verify[batch].n >= 3:
+            return pts[batch]
+        if len(pts) >= 2:
+            b = np.array(list(pts), dtype=float)
+            v = np.array(list(pts.values()))
+            slope, icpt = np.polyfit(b, v, 1)
+            return max(float(icpt) + max(float(slope), 0.0) * batch, float(min(v)))
+        ((b0, v0),) = pts.items()
+        base = v0 / (1 + self.prior_slope * (b0 - 1))
+        return base * (1 + self.prior_slope * (batch - 1))
+
+    def draft_step(self) -> float | None:
+        return self._draft.value if self._draft.n else None
+
+
+class Acceptance:
+    """Per-position conditional acceptance of one drafter, and calibration by draft confidence."""
+
+    BINS = 10
+
+    def __init__(self, n_max: int, *, prior: float = 0.6, weight: float = 2.0, decay: float = 0.97):
+        self.prior, self.weight, self.decay = prior, weight, decay
+        self.hits = np.zeros(n_max)
+        self.trials = np.zeros(n_max)
+        self.bin_hits = np.zeros(self.BINS)
+        self.bin_trials = np.zeros(self.BINS)
+
+    def observe(self, n_drafted: int, n_accepted: int, confidence: Sequence[float]) -> None:
+        if n_drafted == 0:
+            return
+        self.hits *= self.decay
+        self.trials *= self.decay
+        self.bin_hits *= self.decay
+        self.bin_trials *= self.decay
+        for i in range(min(n_drafted, n_accepted + 1, len(self.hits))):  # tokens actually judged
+            ok = i < n_accepted
+            self.hits[i] += ok
+            self.trials[i] += 1
+            if i < len(confidence):
+                b = min(int(confidence[i] * self.BINS), self.BINS - 1)
+                self.bin_hits[b] += ok
+                self.bin_trials[b] += 1
+
+    def overall(self) -> float:
+        return float((self.hits.sum() + self.prior * self.weight) / (self.trials.sum() + self.weight))
+
+    def alpha(self, i: int) -> float:
+        """P(draft token i is accepted | the ones before it were), 0-based."""
+        base = self.overall()
+        if i >= len(self.hits):
+            return base
+        return float((self.hits[i] + base * self.weight) / (self.trials[i] + self.weight))
+
+    def calibrated(self, confidence: float) -> float:
+        """P(accepted | the draft's own probability for the token was ``confidence``)."""
+        b = min(int(confidence * self.BINS), self.BINS - 1)
+        base = self.overall()
+        return float((self.bin_hits[b] + base * self.weight) / (self.bin_trials[b] + self.weight))
+
+    def expected_tokens(self, k: int) -> float:
+        total, reach = 1.0, 1.0
+        for i in range(k):
+            reach *= self.alpha(i)
+            total += reach
+        return total
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    k: int
+    rate: float  # expected tokens per second
+    plain_rate: float
+
+
+def best_length(acc: Acceptance, costs: CostModel, draft_cost: float, limit: int, margin: float) -> Plan:
+    """The draft length in 0..limit with the highest expected tokens/s.
+
+    Drafting must beat plain decoding by ``margin`` (so a near-tie never costs speed); among draft
+    lengths, the best rate wins and ties go to the shorter draft.
+    """
+    v1 = costs.verify(1)
+    if v1 is None or v1 <= 0:
+        return Plan(0, 0.0, 0.0)
+    plain = 1.0 / v1
+    best = Plan(0, plain, plain)
+    for k in range(1, limit + 1):
+        vk = costs.verify(k + 1)
+        if vk is None:
+            break
+        rate = acc.expected_tokens(k) / (k * draft_cost + vk)
+        if rate > best.rate and rate > plain * (1 + margin):
+            best = Plan(k, rate, plain)
+    return best
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What the loop tells a drafter after verification."""
+
+    source: str
+    n_drafted: int
+    n_accepted: int
+    batch: int
+    t_verify: float
+
+
+class AutoDrafter:
+    """Chooses, per round, between prompt lookup, the draft model and not drafting at all."""
+
+    name = "auto"
+
+    def __init__(
+        self,
+        model: ModelDrafter | None,
+        lookup: LookupDrafter,
+        *,
+        n_max: int = 8,
+        costs: CostModel | None = None,
+        margin: float = 0.03,
+        probe_every: int = 12,
+        probe_max: int = 192,
+        refresh_plain: int = 48,
+    ):
+        self.model = model
+        self.lookup = lookup
+        self.n_max = n_max
+        self.costs: CostModel = costs or MeasuredCosts()
+        self.margin = margin
+        self.acc = {"model": Acceptance(n_max), "lookup": Acceptance(n_max, prior=0.5)}
+        self.probe_every = probe_every
+        self.probe_max = probe_max
+        self._probe_interval = probe_every
+        self._since_model = 0
+        self._probing = False
+        self.refresh_plain = refresh_plain
+        self._since_plain = 0
+
+    def begin(self, prompt: Sequence[int]) -> float:
+        t = self.lookup.begin(prompt)
+        if self.model is not None:
+            t += self.model.begin(prompt, evaluate=False)  # synced lazily, only if it drafts
+        return t
+
+    def _continue_rule(self, plan: Plan):
+        """Keep drafting while the next token is expected to pay for its draft and verify cost."""
+        costs = self.costs
+        acc = self.acc["model"]
+        d = costs.draft_step() or 0.0
+
+        def keep_going(j: int, confidences: Sequence[float]) -> bool:
+            v_now, v_next = costs.verify(j + 2), costs.verify(j + 3)
+            if v_now is None or v_next is None or plan.rate <= 0:
+                return True
+            reach = float(np.prod([acc.calibrated(c) for c in confidences]))
+            gain = reach * acc.alpha(j + 1)  # expected extra tokens from one more draft token
+            return gain / plan.rate > d + (v_next - v_now)
+
+        return keep_going
+
+    def propose(
+        self, tokens: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator
+    ) -> Proposal:
+        limit = min(k, self.n_max)
+        self._probing = False
+        if limit <= 0:
+            return Proposal((), (), (), "none", 0.0, reason="no room to draft", planned=0)
+        self._since_plain += 1
+        if self._since_plain > self.refresh_plain:  # keep the plain-decoding baseline current
+            return Proposal((), (), (), "none", 0.0, reason="measuring plain decoding", planned=0)
+        t0 = time.perf_counter()
+        found = self.lookup.propose(tokens, limit, params, rng)
+        if found.tokens:
+            plan = best_length(self.acc["lookup"], self.costs, 0.0, len(found.tokens), self.margin)
+            if plan.k > 0:
+                n = plan.k
+                return replace(
+                    found,
+                    tokens=found.tokens[:n],
+                    q=found.q[:n],
+                    confidence=found.confidence[:n],
+                    planned=n,
+                    reason=f"prompt lookup: n-gram match, {plan.rate / plan.plain_rate:.2f}x expected",
+                    t=time.perf_counter() - t0,
+                )
+        if self.model is None:
+            return Proposal((), (), (), "none", time.perf_counter() - t0, reason="no n-gram match", planned=0)
+        d = self.costs.draft_step()
+        self._since_model += 1
+        if d is None or self.costs.verify(2) is None:
+            plan = Plan(min(2, limit), 0.0, 0.0) if self.costs.verify(1) is not None else Plan(0, 0.0, 0.0)
+            reason = "measuring the draft model" if plan.k else "measuring plain decoding"
+        else:
+            plan = best_length(self.acc["model"], self.costs, d, limit, self.margin)
+            reason = (
+                f"draft model: {self.acc['model'].overall():.0%} acceptance, "
+                f"{plan.rate / plan.plain_rate:.2f}x expected"
+            )
+            if plan.k == 0:
+                if self._since_model < self._probe_interval:
+                    return Proposal((), (), (), "none", time.perf_counter() - t0, reason=PAUSED, planned=0)
+                plan = Plan(min(2, limit), 0.0, plan.plain_rate)
+                reason = "probing: re-measuring whether drafting pays"
+                self._probing = True
+        if plan.k == 0:
+            return Proposal((), (), (), "none", time.perf_counter() - t0, reason=reason, planned=0)
+        self._since_model = 0
+        prop = self.model.propose(tokens, plan.k, params, rng, keep_going=self._continue_rule(plan))
+        return replace(prop, planned=plan.k, reason=reason, t=time.perf_counter() - t0)
+
+    def observe(self, proposal: Proposal, outcome: Outcome) -> None:
+        self.costs.observe_verify(outcome.batch, outcome.t_verify)
+        if outcome.batch == 1:
+            self._since_plain = 0
+        if proposal.source == "model" and proposal.n_steps:
+            self.costs.observe_draft(proposal.n_steps, proposal.t_steps)
+        if proposal.source in self.acc:
+            self.acc[proposal.source].observe(outcome.n_drafted, outcome.n_accepted, proposal.confidence)
+        if self._probing:
+            plan = best_length(
+                self.acc["model"], self.costs, self.costs.draft_step() or 0.0, self.n_max, self.margin
+            )
+            self._probe_interval = (
+                self.probe_every if plan.k else min(self.probe_max, self._probe_interval * 2)
+            )
+
+    def close(self) -> None:
+        self.lookup.close()

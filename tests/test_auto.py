@@ -1,0 +1,139 @@
+"""Auto mode: the draft-length choice from a cost model, and losslessness on real tiny models."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.engine.auto import PAUSED, Acceptance, MeasuredCosts, best_length
+from app.engine.engine import Engine, GenerationSettings, LoadSettings
+from app.engine.events import Step
+
+
+class SyntheticCosts:
+    """A fixed cost model: verify(b) = base + slope * (b - 1); draft = draft seconds per token."""
+
+    def __init__(self, base: float, slope: float, draft: float):
+        self.base, self.slope, self.draft = base, slope, draft
+
+    def verify(self, batch: int) -> float:
+        return self.base + self.slope * (batch - 1)
+
+    def draft_step(self) -> float:
+        return self.draft
+
+    def observe_verify(self, batch: int, seconds: float) -> None:
+        pass
+
+    def observe_draft(self, n_tokens: int, seconds: float) -> None:
+        pass
+
+
+GPU_LIKE = SyntheticCosts(base=0.010, slope=0.0002, draft=0.0005)  # verify is nearly free per token
+CPU_LIKE = SyntheticCosts(base=0.100, slope=0.033, draft=0.050)  # batch of 4 costs 2x; draft is half
+EXPENSIVE = SyntheticCosts(base=0.100, slope=0.100, draft=0.050)  # verifying b tokens costs b steps
+
+
+def test_cheap_verify_drafts_long() -> None:
+    acc = Acceptance(8, prior=0.9, weight=1e6)  # 90% per token, held fixed
+    assert best_length(acc, GPU_LIKE, GPU_LIKE.draft_step(), 8, 0.03).k == 8
+    assert best_length(acc, GPU_LIKE, GPU_LIKE.draft_step(), 3, 0.03).k == 3  # never past the limit
+
+
+def test_expensive_verify_does_not_draft() -> None:
+    acc = Acceptance(8, prior=0.8, weight=1e6)
+    assert best_length(acc, EXPENSIVE, EXPENSIVE.draft_step(), 8, 0.03).k == 0
+
+
+def test_cpu_like_costs_draft_only_with_high_acceptance_and_short() -> None:
+    high = Acceptance(8, prior=0.95, weight=1e6)
+    low = Acceptance(8, prior=0.6, weight=1e6)
+    free_draft = 0.0  # prompt lookup costs nothing to draft
+    assert best_length(low, CPU_LIKE, CPU_LIKE.draft_step(), 8, 0.03).k == 0
+    k_high = best_length(high, CPU_LIKE, CPU_LIKE.draft_step(), 8, 0.03).k
+    assert 1 <= k_high <= 8
+    assert best_length(low, CPU_LIKE, free_draft, 8, 0.03).k >= 1
+
+
+def test_measured_costs_interpolate_and_resist_spikes() -> None:
+    costs = MeasuredCosts()
+    assert costs.verify(1) is None
+    for t in (0.10, 0.10, 0.11, 5.0, 0.10):  # one spike from a busy machine
+        costs.observe_verify(1, t)
+    assert costs.verify(1) == pytest.approx(0.10)
+    assert costs.verify(4) == pytest.approx(0.10 * (1 + 3 * costs.prior_slope) / 1)
+    for t in (0.2, 0.2, 0.2):
+        costs.observe_verify(4, t)
+    assert costs.verify(4) == pytest.approx(0.2)
+    assert costs.verify(7) == pytest.approx(0.3, rel=0.05)  # the line through (1, 0.1) and (4, 0.2)
+
+
+def test_acceptance_calibration_by_confidence() -> None:
+    acc = Acceptance(4, weight=1.0)
+    for _ in range(100):
+        acc.observe(2, 1, [0.95, 0.15])  # confident tokens accepted, unconfident rejected
+    assert acc.calibrated(0.95) > 0.9
+    assert acc.calibrated(0.15) < 0.1
+    assert acc.alpha(0) > 0.9 and acc.alpha(1) < 0.1
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_pair):
+    cheap = Engine(LoadSettings(str(tiny_pair.target), str(tiny_pair.draft), n_ctx=512), costs=GPU_LIKE)
+    dear = Engine(LoadSettings(str(tiny_pair.target), str(tiny_pair.draft), n_ctx=512), costs=EXPENSIVE)
+    yield cheap, dear
+    cheap.close()
+    dear.close()
+
+
+PROMPTS = ["def add(a, b):", "The quick brown fox", "One, two, three, one, two, three, one, two,"]
+
+
+def steps(engine: Engine, prompt: str, **kw) -> list[Step]:
+    gs = GenerationSettings(mode="auto", max_tokens=48, **kw)
+    return [e for e in engine.generate(engine.tokenize(prompt), gs) if isinstance(e, Step)]
+
+
+def test_auto_with_cheap_verify_drafts_with_the_model(engines) -> None:
+    cheap, _ = engines
+    st = [s for p in PROMPTS for s in steps(cheap, p, n_max=6)]
+    model_rounds = [s for s in st if s.drafter == "model"]
+    assert model_rounds, "cheap verification should make auto mode draft with the model"
+    assert max(s.k for s in model_rounds) >= 3
+    assert all(s.reason for s in st)
+
+
+def test_auto_with_expensive_verify_pauses_drafting_and_says_why(engines) -> None:
+    _, dear = engines
+    st = [s for p in PROMPTS for s in steps(dear, p, n_max=6)]
+    model_rounds = [s for s in st if s.drafter == "model"]
+    paused = [s for s in st if s.reason == PAUSED]
+    assert paused and all(s.k == 0 and s.n_drafted == 0 for s in paused)
+    # only occasional probes draft with the model, and they are short
+    assert len(model_rounds) <= len(st) // 6 + 1
+    assert all(s.n_drafted <= 2 for s in model_rounds)
+    assert any("probing" in s.reason for s in model_rounds)
+
+
+@pytest.mark.parametrize("which", ["cheap", "expensive", "measured"])
+def test_auto_mode_is_lossless(engines, tiny_pair, which: str) -> None:
+    if which == "measured":
+        eng = Engine(LoadSettings(str(tiny_pair.target), str(tiny_pair.draft), n_ctx=512))
+    else:
+        eng = engines[0 if which == "cheap" else 1]
+    try:
+        for p in PROMPTS:
+            ids = eng.tokenize(p)
+            plain = eng.run(ids, GenerationSettings(mode="plain", max_tokens=48))
+            auto = eng.run(ids, GenerationSettings(mode="auto", max_tokens=48))
+            assert auto.tokens == plain.tokens, p
+    finally:
+        if which == "measured":
+            eng.close()
+
+
+def test_auto_without_draft_model_uses_lookup_only(tiny_pair) -> None:
+    with Engine(LoadSettings(str(tiny_pair.target), n_ctx=512), costs=GPU_LIKE) as eng:
+        st = steps(eng, PROMPTS[2])
+        assert {s.drafter for s in st} <= {"lookup", "none"}
+        plain = eng.run(eng.tokenize(PROMPTS[2]), GenerationSettings(mode="plain", max_tokens=48))
+        assert tuple(t for s in st for t in s.tokens) == plain.tokens
