@@ -28,10 +28,11 @@ def _add_load_args(p: argparse.ArgumentParser, *, draft_flag: bool = True) -> No
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--mode",
-        choices=("speculative", "plain", "lookup"),
-        default=None,
-        help="speculative (needs --draft; the default with one), lookup (prompt n-grams; the "
-        "default without a draft) or plain",
+        choices=("auto", "speculative", "plain", "lookup"),
+        default="auto",
+        help="auto (default): drafts with prompt lookup and the draft model only when that is measured "
+        "to pay on this machine; speculative: always draft with --draft; lookup: always draft "
+        "from n-grams of the context; plain: no drafting",
     )
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -65,6 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--prompt-file", type=Path, help="read the prompt from a file ('-' for stdin)")
     gen.add_argument("--json", action="store_true", help="print one JSON object at the end instead")
 
+    bench = sub.add_parser("bench", help="benchmark every mode on a prompt set (see bench/run.py)")
+    from bench.run import add_arguments as add_bench_arguments
+
+    add_bench_arguments(bench)
+
     chk = sub.add_parser("check", help="is DRAFT usable with TARGET? exit 0 yes, 1 no")
     chk.add_argument("target", help="target GGUF file")
     chk.add_argument("draft", help="draft GGUF file")
@@ -97,7 +103,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     try:
         text = _read_prompt(args)
-        mode = args.mode or ("speculative" if args.draft else "lookup")
+        mode = args.mode
         settings = GenerationSettings(
             mode=mode,
             sampling=SamplingParams(
@@ -119,7 +125,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             raise EngineError("--mode speculative needs --draft (or use --mode lookup)")
         load = LoadSettings(
             target=args.target,
-            draft=args.draft if mode == "speculative" else None,
+            draft=args.draft if mode in ("speculative", "auto") else None,
             n_ctx=args.ctx,
             n_threads=args.threads,
             n_gpu_layers=args.gpu_layers,
@@ -212,6 +218,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_generate(args)
     if args.command == "check":
         return cmd_check(args)
+    if args.command == "bench":
+        from bench.run import main as bench_main
+
+        return bench_main(args)
     return cmd_app(argv)
 
 

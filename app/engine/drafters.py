@@ -155,6 +155,11 @@ class ModelDrafter:
             tuple(ids), tuple(qs), tuple(conf), self.name, time.perf_counter() - t0, t_llama, n_steps, t_steps
         )
 
+    def reset(self) -> None:
+        """Forget the cached context."""
+        self._trim(0)
+        self._stable = 0
+
     def close(self) -> None:
         self._cached.clear()
 

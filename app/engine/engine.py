@@ -259,6 +259,12 @@ class Engine:
         finally:
             self._lock.release()
 
+    def reset(self) -> None:
+        """Forget all cached context: the next request evaluates its whole prompt."""
+        self._cache.rollback(0)
+        if self._model_drafter is not None:
+            self._model_drafter.reset()
+
     def run(self, prompt: Sequence[int], settings: GenerationSettings | None = None) -> Finished:
         """Generate to the end and return the ``Finished`` event."""
         last = None

@@ -1,0 +1,316 @@
+"""``tandem bench``: every generation mode on a JSONL prompt set, interleaved per prompt.
+
+The pair is loaded once. For each prompt all modes run back to back (in an order rotated per prompt),
+so drift on a noisy machine hits every mode alike; each run starts from an empty KV cache so prompt
+processing and time to first token are comparable. Greedy outputs are compared with plain decoding's
+(speculative decoding must not change them). Prints a table per category and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_PROMPTS = REPO.parent / "shared" / "bench" / "prompts.jsonl"
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    mode: str
+    n_max: int = 8
+    adaptive: bool = True
+
+
+MODES = {
+    "plain": Mode("plain", "plain"),
+    "spec3": Mode("spec3", "speculative", 3, False),
+    "spec5": Mode("spec5", "speculative", 5, False),
+    "spec8": Mode("spec8", "speculative", 8, False),
+    "adaptive": Mode("adaptive", "speculative", 8, True),
+    "lookup": Mode("lookup", "lookup", 8, True),
+    "auto": Mode("auto", "auto", 8, True),
+}
+DEFAULT_MODES = "plain,spec3,spec5,spec8,lookup,auto"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", required=True, help="target GGUF")
+    p.add_argument("--draft", help="draft GGUF (speculative and auto modes)")
+    p.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS, help="JSONL: id, category, prompt")
+    p.add_argument("--modes", default=DEFAULT_MODES, help=f"comma-separated, from: {', '.join(MODES)}")
+    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--ctx", type=int, default=4096)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--gpu-layers", type=int, default=0)
+    p.add_argument("--limit", type=int, default=0, help="only the first N prompts")
+    p.add_argument("--categories", default="", help="only these categories (comma-separated)")
+    p.add_argument("--out", type=Path, default=None, help="JSON results (default bench/results/<time>.json)")
+    p.add_argument(
+        "--no-rss", action="store_true", help="skip the peak-RSS measurement (two extra processes)"
+    )
+
+
+def load_prompts(path: Path, limit: int = 0, categories: str = "") -> list[dict[str, str]]:
+    if not path.exists():
+        raise SystemExit(f"prompt file not found: {path}")
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    wanted = {c for c in categories.split(",") if c}
+    rows = [r for r in rows if not wanted or r["category"] in wanted]
+    return rows[:limit] if limit else rows
+
+
+def machine() -> dict[str, Any]:
+    import psutil
+
+    from app.engine.llama import backend_name, system_info
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores_logical": os.cpu_count(),
+        "cores_physical": psutil.cpu_count(logical=False),
+        "ram_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "backend": backend_name(),
+        "llama_cpp_system_info": system_info(),
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from app.engine.engine import Engine, GenerationSettings, LoadSettings
+
+    modes = [MODES[m] for m in args.modes.split(",") if m]
+    if any(m.mode == "speculative" for m in modes) and not args.draft:
+        raise SystemExit("speculative modes need --draft (or choose --modes plain,lookup,auto)")
+    prompts = load_prompts(args.prompts, args.limit, args.categories)
+    load = LoadSettings(
+        target=args.target,
+        draft=args.draft,
+        n_ctx=args.ctx,
+        n_threads=args.threads,
+        n_gpu_layers=args.gpu_layers,
+    )
+    t0 = time.perf_counter()
+    engine = Engine(load)
+    t_load = time.perf_counter() - t0
+    results: list[dict[str, Any]] = []
+    try:
+        for i, row in enumerate(prompts):
+            ids = engine.chat_prompt([{"role": "user", "content": row["prompt"]}])
+            order = modes[i % len(modes) :] + modes[: i % len(modes)]
+            plain_tokens = None
+            runs = {}
+            for m in order:
+                engine.reset()
+                gs = GenerationSettings(
+                    mode=m.mode, max_tokens=args.max_tokens, n_max=m.n_max, adaptive=m.adaptive
+                )
+                steps = []
+                fin = None
+                for ev in engine.generate(ids, gs):
+                    kind = type(ev).__name__
+                    if kind == "Step":
+                        steps.append(ev)
+                    elif kind == "Finished":
+                        fin = ev
+                assert fin is not None
+                runs[m.name] = {
+                    "stats": fin.stats.to_dict(),
+                    "tokens": list(fin.tokens),
+                    "finish": fin.reason,
+                    "mean_k": sum(s.k for s in steps) / max(1, len(steps)),
+                    "drafters": dict(_count(s.drafter for s in steps)),
+                }
+                if m.name == "plain":
+                    plain_tokens = list(fin.tokens)
+            for name, r in runs.items():
+                r["same_as_plain"] = None if plain_tokens is None else r["tokens"] == plain_tokens
+                if plain_tokens is not None and not r["same_as_plain"]:
+                    r["first_difference"] = next(
+                        (
+                            j
+                            for j, (a, b) in enumerate(zip(plain_tokens, r["tokens"], strict=False))
+                            if a != b
+                        ),
+                        min(len(plain_tokens), len(r["tokens"])),
+                    )
+                results.append({"id": row["id"], "category": row["category"], "mode": name, **r})
+            line = "  ".join(
+                f"{n}={runs[n]['stats']['decode_tokens_per_second']:.1f}" for n in (m.name for m in modes)
+            )
+            print(f"[{i + 1}/{len(prompts)}] {row['id']} {row['category']}: {line} tok/s", file=sys.stderr)
+    finally:
+        engine.close()
+    return {
+        "machine": machine(),
+        "settings": {
+            "target": args.target,
+            "draft": args.draft,
+            "max_tokens": args.max_tokens,
+            "ctx": args.ctx,
+            "threads": args.threads or os.cpu_count(),
+            "modes": [m.name for m in modes],
+            "temperature": 0.0,
+            "prompts": str(args.prompts),
+            "load_seconds": round(t_load, 2),
+        },
+        "runs": results,
+    }
+
+
+def _count(items):
+    out: dict[str, int] = defaultdict(int)
+    for x in items:
+        out[x] += 1
+    return out
+
+
+def summarize(data: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per category (and "all") and mode: tok/s over the pooled tokens and decode time, and more."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in data["runs"]:
+        groups[(r["category"], r["mode"])].append(r)
+        groups[("all", r["mode"])].append(r)
+    out: dict[str, dict[str, dict[str, float]]] = defaultdict(dict)
+    for (cat, mode), rs in groups.items():
+        tokens = sum(r["stats"]["n_generated"] for r in rs)
+        t = sum(r["stats"]["t_decode_s"] for r in rs)
+        drafted = sum(r["stats"]["n_drafted"] for r in rs)
+        accepted = sum(r["stats"]["n_accepted"] for r in rs)
+        rounds_drafted = sum(r["stats"]["rounds_drafted"] for r in rs)
+        wall = sum(r["stats"]["t_decode_s"] for r in rs)
+        llama = sum(r["stats"]["t_llama_s"] for r in rs)
+        out[cat][mode] = {
+            "tok_s": tokens / t if t else 0.0,
+            "acceptance": accepted / drafted if drafted else 0.0,
+            "mean_accepted": accepted / rounds_drafted if rounds_drafted else 0.0,
+            "mean_k": sum(r["mean_k"] for r in rs) / len(rs),
+            "python_share": 1 - llama / wall if wall else 0.0,
+            "lossless": sum(bool(r["same_as_plain"]) for r in rs if r["same_as_plain"] is not None),
+            "n": len(rs),
+        }
+    for modes in out.values():
+        base = modes.get("plain", {}).get("tok_s")
+        for v in modes.values():
+            v["speedup"] = v["tok_s"] / base if base else float("nan")
+    return dict(out)
+
+
+def print_tables(summary: dict[str, dict[str, dict[str, float]]], modes: list[str]) -> None:
+    cats = [*sorted(c for c in summary if c != "all"), "all"]
+    print(
+        f"\n{'category':<11}{'mode':<9}{'tok/s':>7}{'speedup':>9}{'accept':>8}{'acc/rnd':>8}"
+        f"{'mean k':>7}{'py%':>6}{'same':>7}"
+    )
+    for cat in cats:
+        for m in modes:
+            v = summary[cat].get(m)
+            if not v:
+                continue
+            same = f"{int(v['lossless'])}/{v['n']}" if m != "plain" else ""
+            print(
+                f"{cat:<11}{m:<9}{v['tok_s']:>7.2f}{v['speedup']:>8.2f}x{v['acceptance']:>8.0%}"
+                f"{v['mean_accepted']:>8.2f}{v['mean_k']:>7.2f}{v['python_share'] * 100:>6.1f}{same:>7}"
+            )
+        print()
+
+
+def peak_rss(args: argparse.Namespace) -> dict[str, float]:
+    """Peak RSS (MB) of a process that loads the target alone and generates plainly, and of one
+    that loads the pair and generates speculatively (n_max 5), on the first prompt."""
+    prompts = load_prompts(args.prompts, 1, args.categories)
+    out = {}
+    for name, draft, mode in (("plain", None, "plain"), ("speculative", args.draft, "speculative")):
+        if mode == "speculative" and not args.draft:
+            continue
+        cmd = [
+            sys.executable,
+            "-m",
+            "bench.run",
+            "--rss-child",
+            "--target",
+            args.target,
+            "--mode",
+            mode,
+            "--max-tokens",
+            str(args.max_tokens),
+            "--ctx",
+            str(args.ctx),
+            "--prompt",
+            prompts[0]["prompt"],
+        ]
+        if draft:
+            cmd += ["--draft", draft]
+        if args.threads:
+            cmd += ["--threads", str(args.threads)]
+        res = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, check=True)
+        out[name] = float(res.stdout.strip().splitlines()[-1])
+    if args.draft:
+        out["draft_file_mb"] = os.path.getsize(args.draft) / 1e6
+        out["budget_mb"] = out["plain"] + out["draft_file_mb"] + 300
+    return out
+
+
+def rss_child(argv: list[str]) -> None:
+    from app.engine.engine import Engine, GenerationSettings, LoadSettings
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--rss-child", action="store_true")
+    p.add_argument("--target")
+    p.add_argument("--draft")
+    p.add_argument("--mode")
+    p.add_argument("--max-tokens", type=int)
+    p.add_argument("--ctx", type=int)
+    p.add_argument("--threads", type=int)
+    p.add_argument("--prompt")
+    a = p.parse_args(argv)
+    with Engine(LoadSettings(target=a.target, draft=a.draft, n_ctx=a.ctx, n_threads=a.threads)) as eng:
+        ids = eng.chat_prompt([{"role": "user", "content": a.prompt}])
+        eng.run(ids, GenerationSettings(mode=a.mode, max_tokens=a.max_tokens, n_max=5, adaptive=False))
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # KiB -> MiB (Linux)
+
+
+def main(args: argparse.Namespace) -> int:
+    data = run(args)
+    data["summary"] = summarize(data)
+    modes = data["settings"]["modes"]
+    print_tables(data["summary"], modes)
+    if not args.no_rss:
+        data["peak_rss_mb"] = peak_rss(args)
+        print("peak RSS (MB):", json.dumps({k: round(v) for k, v in data["peak_rss_mb"].items()}))
+    m = data["machine"]
+    print(f"machine: {m['cpu']}, {m['cores_logical']} threads, {m['ram_gib']} GiB, backend {m['backend']}")
+    out = args.out or REPO / "bench" / "results" / time.strftime("bench-%Y%m%d-%H%M%S.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=1))
+    print(f"results: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    if "--rss-child" in sys.argv:
+        rss_child(sys.argv[1:])
+    else:
+        parser = argparse.ArgumentParser(prog="tandem bench", description=__doc__)
+        add_arguments(parser)
+        sys.exit(main(parser.parse_args()))
