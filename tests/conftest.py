@@ -40,3 +40,34 @@ def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> TinyPair:
 def tiny_incompatible_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny GGUF whose vocabulary is incompatible with ``tiny_pair``'s for speculative decoding."""
     return write_incompatible_draft(tmp_path_factory.mktemp("tiny_incompatible") / "tiny-incompatible.gguf")
+
+
+@pytest.fixture
+def fake_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A running `tests.fakehub.FakeHub`, with the environment pointing huggingface_hub at it.
+
+    HF_HOME is a fresh temp dir, HF_ENDPOINT the fake hub, no token and not offline. huggingface_hub
+    reads some settings at import time, so the matching constants are patched too, and its
+    once-a-day agent-registry fetch (triggered by building request headers) is short-circuited.
+    """
+    import huggingface_hub.constants as hf_constants
+    from huggingface_hub.utils import _detect_agent
+
+    from fakehub import FakeHub
+
+    home = tmp_path / "hf_home"
+    monkeypatch.setenv("HF_HOME", str(home))
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hf_constants, "HF_TOKEN_PATH", str(home / "token"))
+    monkeypatch.setattr(hf_constants, "HF_STORED_TOKENS_PATH", str(home / "stored_tokens"))
+    monkeypatch.setattr(hf_constants, "AGENT_HARNESSES_PATH", str(home / ".agent_harnesses.json"))
+    monkeypatch.setattr(_detect_agent, "_registry", _detect_agent._EMPTY_REGISTRY)
+    hub = FakeHub().start()
+    monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+    try:
+        yield hub
+    finally:
+        hub.stop()

@@ -19,6 +19,7 @@ import llama_cpp
 import numpy as np
 
 log = logging.getLogger("tandem.llama")
+log.addHandler(logging.NullHandler())  # llama.cpp's log is opt-in: never printed through lastResort
 
 GGUF_MAGIC = b"GGUF"
 
@@ -123,6 +124,18 @@ def _ggml_lib() -> ctypes.CDLL | None:
                 except (OSError, AttributeError):
                     continue
     return None
+
+
+def force_abort(message: str = "forced abort (test)") -> None:
+    """Tests only: call ggml's own ``ggml_abort`` (what a failed GGML_ASSERT does). Never returns."""
+    lib_dir = Path(llama_cpp.__file__).parent / "lib"
+    for name in ("libggml-base.so", "libggml-base.dylib", "ggml-base.dll"):
+        if (lib_dir / name).exists():
+            lib = ctypes.CDLL(str(lib_dir / name))
+            lib.ggml_abort.restype = None
+            # fixed arguments only (no varargs): escape '%' so the message is not read as a format
+            lib.ggml_abort(__file__.encode(), ctypes.c_int(0), message.replace("%", "%%").encode())
+    raise LlamaError(f"ggml base library not found in {lib_dir}")
 
 
 def devices() -> list[Device]:

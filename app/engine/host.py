@@ -1,0 +1,256 @@
+"""The engine host: the child process that owns the :class:`Engine` (and so every llama.cpp handle).
+
+Started by :class:`~app.engine.client.EngineClient` with the multiprocessing *spawn* context; the entry
+point :func:`main` is a top-level function so it also works in a frozen (PyInstaller) app. A native
+crash here (GGML_ASSERT -> abort, a segfault, the OOM killer) kills only this process.
+
+The host serves one request at a time from the request pipe. While it generates, it polls the pipe
+between rounds, so Info, Tokenize and Shutdown are still answered; cancellation is a shared
+``multiprocessing.Event`` the engine checks between rounds. Its stdout/stderr (llama.cpp's log, ggml's
+abort message) go to a log file the client reads the tail of when the process dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import faulthandler
+import logging
+import os
+import signal
+import threading
+import traceback
+from multiprocessing.connection import Connection
+from typing import IO, Any
+
+from app import __version__
+from app.engine import llama
+from app.engine.engine import Engine, EngineError
+from app.engine.events import Finished
+from app.engine.protocol import (
+    CRASH_KINDS,
+    Crash,
+    Done,
+    Error,
+    Event,
+    Generate,
+    Info,
+    InfoReply,
+    Load,
+    Loaded,
+    LoadProgress,
+    Log,
+    Ready,
+    Reply,
+    Request,
+    Shutdown,
+    Tokenize,
+    Tokens,
+    Unload,
+)
+
+log = logging.getLogger("tandem.host")
+
+_fault_file: IO[str] | None = None  # kept open for faulthandler for the life of the process
+
+
+def main(
+    requests: Connection,
+    replies: Connection,
+    cancel: Any,
+    log_path: str | None = None,
+    fault_path: str | None = None,
+) -> None:
+    """Process entry point: serve requests until Shutdown or until the client goes away."""
+    global _fault_file
+    debug = bool(os.environ.get("TANDEM_DEBUG"))
+    # The parent's terminal delivers Ctrl-C to the whole process group: cancelling is the client's job.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if not debug:
+        os.environ.setdefault("GGML_NO_BACKTRACE", "1")  # ggml would attach gdb: slow, noisy
+        if log_path:
+            fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            os.dup2(fd, 2)
+            os.dup2(fd, 1)
+            os.close(fd)
+    if fault_path:
+        _fault_file = open(fault_path, "w", encoding="utf-8")  # noqa: SIM115 -- lives with the process
+        faulthandler.enable(file=_fault_file)
+    host = Host(requests, replies, cancel)
+    handler = logging.StreamHandler()  # stderr: the log file (or the terminal with TANDEM_DEBUG)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    forward = _ForwardHandler(host)
+    forward.setLevel(logging.INFO)
+    root = logging.getLogger("tandem")
+    root.setLevel(logging.DEBUG)
+    root.addHandler(handler)
+    root.addHandler(forward)
+    llama.init_backend()
+    host.serve()
+
+
+class _ForwardHandler(logging.Handler):
+    """Sends log records to the client, which re-emits them into its own ``logging``."""
+
+    def __init__(self, host: Host):
+        super().__init__()
+        self.host = host
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with contextlib.suppress(Exception):  # the client is gone: the log file still has the line
+            self.host.send(Log(record.levelno, record.getMessage(), record.name))
+
+
+class Host:
+    """Owns one :class:`Engine` and answers :mod:`~app.engine.protocol` requests."""
+
+    def __init__(self, requests: Connection, replies: Connection, cancel: Any):
+        self.requests = requests
+        self.replies = replies
+        self.cancel = cancel
+        self.engine: Engine | None = None
+        self.generating = False
+        self.stopping = False
+        self._send_lock = threading.Lock()
+
+    def send(self, reply: Reply) -> None:
+        with self._send_lock:
+            self.replies.send(reply)
+
+    def serve(self) -> None:
+        self.send(Ready(os.getpid(), __version__))
+        try:
+            while not self.stopping:
+                try:
+                    request = self.requests.recv()
+                except (EOFError, OSError):
+                    break  # the client closed the pipe or died
+                self.handle(request)
+        finally:
+            self._close_engine()
+
+    def poll_requests(self) -> None:
+        """Handle requests that arrived meanwhile (called between generation rounds)."""
+        try:
+            while not self.stopping and self.requests.poll():
+                self.handle(self.requests.recv())
+        except (EOFError, OSError):
+            self.stopping = True
+            self.cancel.set()
+
+    def handle(self, request: Request) -> None:
+        """Run one request; an exception becomes an ``Error`` reply and the host keeps serving."""
+        try:
+            if isinstance(request, Generate):
+                self._generate(request)
+            elif isinstance(request, Load):
+                self._load(request)
+            elif isinstance(request, Tokenize):
+                self._tokenize(request)
+            elif isinstance(request, Info):
+                self.send(InfoReply(self._info(), request_id=request.request_id))
+            elif isinstance(request, Unload):
+                self._refuse_while_generating("unload the model")
+                self._close_engine()
+                self.send(Done(request_id=request.request_id))
+            elif isinstance(request, Shutdown):
+                self.stopping = True
+                self.cancel.set()  # a running generation ends after its current round
+                self.send(Done(request_id=request.request_id))
+            elif isinstance(request, Crash):
+                crash(request.kind)
+            else:
+                raise EngineError(f"unknown request {type(request).__name__}")
+        except Exception as e:
+            log.debug("[host] %s failed: %s: %s", type(request).__name__, type(e).__name__, e)
+            self.send(
+                Error(
+                    type(e).__name__,
+                    str(e),
+                    traceback.format_exc(),
+                    request_id=getattr(request, "request_id", 0),
+                )
+            )
+
+    # -- requests -----------------------------------------------------------------------------------
+    def _need_engine(self) -> Engine:
+        if self.engine is None:
+            raise EngineError("no model is loaded: load one first")
+        return self.engine
+
+    def _refuse_while_generating(self, what: str) -> None:
+        if self.generating:
+            raise EngineError(f"cannot {what} while a reply is being generated: cancel it first")
+
+    def _load(self, request: Load) -> None:
+        self._refuse_while_generating("load a model")
+        self._close_engine()  # free the old pair before loading the new one
+        last: dict[str, float] = {}
+
+        def progress(stage: str, fraction: float) -> None:
+            prev = last.get(stage, -1.0)
+            if fraction >= 1.0 or fraction - prev >= 0.01:  # at most ~100 messages per model
+                last[stage] = fraction
+                self.send(LoadProgress(stage, min(1.0, fraction), request_id=request.request_id))
+
+        self.engine = Engine(request.settings, progress=progress)
+        for stage in ("target", "draft") if request.settings.draft else ("target",):
+            if last.get(stage, 0.0) < 1.0:  # llama.cpp may stop short of 1.0: end each stage there
+                self.send(LoadProgress(stage, 1.0, request_id=request.request_id))
+        self.send(Loaded(self._info(), request_id=request.request_id))
+
+    def _generate(self, request: Generate) -> None:
+        if self.generating:
+            raise EngineError("a generation is already running in the engine process")
+        engine = self._need_engine()
+        if request.messages is not None:
+            prompt = engine.chat_prompt(request.messages)
+        elif request.prompt is not None:
+            prompt = list(request.prompt)
+        else:
+            raise EngineError("a generation needs a prompt or chat messages")
+        self.generating = True
+        try:
+            for event in engine.generate(prompt, request.settings, cancel=self.cancel.is_set):
+                self.send(Event(event, request_id=request.request_id))
+                if not isinstance(event, Finished):  # after Finished the client may send the next one
+                    self.poll_requests()
+        finally:
+            self.generating = False
+
+    def _tokenize(self, request: Tokenize) -> None:
+        engine = self._need_engine()
+        if request.messages is not None:
+            tokens = engine.chat_prompt(request.messages)
+        elif request.chat:
+            tokens = engine.chat_prompt([{"role": "user", "content": request.text}])
+        else:
+            tokens = engine.tokenize(request.text)
+        self.send(Tokens(tokens, engine.n_ctx, request_id=request.request_id))
+
+    def _info(self) -> dict[str, Any]:
+        if self.engine is not None:
+            out = {"loaded": True, **self.engine.info()}
+        else:
+            out = {"loaded": False, "backend": llama.backend_name()}
+        out.update(pid=os.getpid(), generating=self.generating)
+        return out
+
+    def _close_engine(self) -> None:
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.close()
+
+
+def crash(kind: str) -> None:
+    """Tests only: die like a native crash would."""
+    if kind not in CRASH_KINDS:
+        raise EngineError(f"unknown crash kind {kind!r}: choose one of {', '.join(CRASH_KINDS)}")
+    log.warning("[host] crashing on request (%s)", kind)
+    for handler in logging.getLogger("tandem").handlers:
+        handler.flush()
+    if kind == "abort":
+        llama.force_abort("forced abort requested by a test")
+    elif kind == "segfault":
+        ctypes.string_at(0)
+    os._exit(7)

@@ -1,0 +1,290 @@
+"""Command-line front end of the registry: ``models catalog|list|fit`` and ``download``.
+
+`add_subcommands` registers the commands on an argparse subparsers object; every parser gets a
+``handler`` default, so the caller runs ``args.handler(args)`` (see `run`) and exits with its code.
+`resolve_model_ref` and `check_refs` serve ``tandem check`` with local paths, ``hf://`` references or
+catalog ids.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TextIO
+
+from app.engine.compat import Compatibility, check_compatible
+from app.engine.gguf_meta import GGUFMetadata, read_metadata_file
+
+from . import fit as fitmod
+from .catalog import CatalogError, default_catalog
+from .hub import HubError, cached_path, download, hub_cache_dir
+from .library import list_local, list_partials
+from .remote import HfRef, parse_hf_ref, read_remote_metadata
+
+__all__ = [
+    "add_subcommands",
+    "build_parser",
+    "check_refs",
+    "cmd_download",
+    "cmd_models_catalog",
+    "cmd_models_fit",
+    "cmd_models_list",
+    "main",
+    "resolve_model_ref",
+    "run",
+]
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def _err(msg: str, code: int = EXIT_ERROR) -> int:
+    print(f"tandem: error: {msg}", file=sys.stderr)
+    return code
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+# ------------------------------------------------------------------------------------- model refs
+
+
+def resolve_model_ref(ref: str) -> Path | HfRef:
+    """Turn a user's model reference into a local path or an `HfRef`.
+
+    Accepts an existing local path; ``hf://owner/name/file.gguf[@rev]`` (returned as the cached file's
+    path when it is already downloaded, else as an `HfRef`); or a catalog id, optionally with a
+    quantization (``qwen3-8b`` / ``qwen3-8b:Q8_0``), resolved the same way. Raises `ValueError`.
+    """
+    ref = ref.strip()
+    if ref.startswith("hf://"):
+        h = parse_hf_ref(ref)
+        hit = cached_path(h.repo_id, h.filename, revision=h.revision)
+        return hit if hit is not None else h
+    p = Path(ref).expanduser()
+    if p.exists():
+        if not p.is_file():
+            raise ValueError(f"{ref} is not a file")
+        return p
+    model_id, _, quant = ref.partition(":")
+    cat = default_catalog()
+    if model_id in cat.models:
+        try:
+            qf = cat.model(model_id).file(quant or None)
+        except CatalogError as e:
+            raise ValueError(str(e)) from None
+        repo = cat.model(model_id).repo
+        hit = cached_path(repo, qf.file)
+        return hit if hit is not None else HfRef(repo, qf.file)
+    raise ValueError(f"{ref}: no such file, and not an hf://owner/name/file.gguf reference or catalog id")
+
+
+def _metadata(ref: Path | HfRef) -> GGUFMetadata:
+    if isinstance(ref, HfRef):
+        meta, _ = read_remote_metadata(ref)
+        return meta
+    return read_metadata_file(ref)
+
+
+def check_refs(target_ref: str, draft_ref: str) -> Compatibility:
+    """Compatibility of two models given as local paths, ``hf://`` references or catalog ids.
+
+    Remote files are judged from their header alone (HTTP Range requests, a few MB). Raises
+    `ValueError` (bad reference), `HubError` (Hub trouble), `GGUFError` or `OSError` (bad file).
+    """
+    target = resolve_model_ref(target_ref)
+    draft = resolve_model_ref(draft_ref)
+    return check_compatible(_metadata(target), _metadata(draft))
+
+
+# -------------------------------------------------------------------------------------- handlers
+
+
+def cmd_models_catalog(args: argparse.Namespace) -> int:
+    """Print the curated pairs (or, with --json, the pairs and models as JSON)."""
+    try:
+        cat = default_catalog()
+    except CatalogError as e:
+        return _err(str(e))
+    if getattr(args, "json", False):
+        data = {
+            "pairs": [p.__dict__ for p in cat.pairs],
+            "models": {
+                m.id: {"repo": m.repo, "params": m.params, "license": m.license, "gated": m.gated,
+                       "files": {q: f.__dict__ for q, f in m.files.items()}}
+                for m in cat.models.values()
+            },
+        }  # fmt: skip
+        print(json.dumps(data, indent=2))
+        return EXIT_OK
+    for p in cat.pairs:
+        t, d = cat.model(p.target), cat.model(p.draft)
+        tf, df = t.file(), d.file()
+        approx = "~" if tf.size_approx or df.size_approx else ""
+        print(f"{p.id}")
+        print(f"  target  {t.name:<28} {t.repo}/{tf.file} ({tf.quant}, {_size(tf.size)})")
+        print(f"  draft   {d.name:<28} {d.repo}/{df.file} ({df.quant}, {_size(df.size)})")
+        gated = "  [gated: needs HF_TOKEN]" if t.gated or d.gated else ""
+        print(f"  total   {approx}{_size(tf.size + df.size)}, draft n_max={p.n_max} p_min={p.p_min}, "
+              f"licence {t.license}{gated}")  # fmt: skip
+        print(f"  good for: {p.good_for}")
+    return EXIT_OK
+
+
+def cmd_models_list(args: argparse.Namespace) -> int:
+    """Print the GGUF files in the HF cache and the user folders, and any partial downloads."""
+    folders = getattr(args, "folder", None) or None
+    try:
+        models = list_local(folders=folders)
+        partials = list_partials()
+    except (OSError, CatalogError) as e:
+        return _err(str(e))
+    if not models:
+        print(f"no GGUF models found (HF cache: {hub_cache_dir()})")
+    for m in models:
+        tag = f"  [{m.catalog_id} {m.quant}]" if m.catalog_id else ""
+        where = f"{m.repo_id}/{m.filename}@{(m.commit or '')[:8]}" if m.source == "hf-cache" else m.filename
+        print(f"{_size(m.size):>9}  {where}{tag}\n           {m.path}")
+    for pd in partials:
+        print(f"{_size(pd.size):>9}  partial download of {pd.repo_id or '?'} (resumes on next download)\n"
+              f"           {pd.path}")  # fmt: skip
+    return EXIT_OK
+
+
+def cmd_models_fit(args: argparse.Namespace) -> int:
+    """Print, for every catalog pair, whether it fits this machine, and the recommendation."""
+    if args.ctx <= 0:
+        return _err("--ctx must be positive", EXIT_USAGE)
+    try:
+        machine = fitmod.detect_machine()
+        fits = fitmod.fit_catalog(machine, n_ctx=args.ctx)
+        best = fitmod.recommend(machine, n_ctx=args.ctx)
+    except CatalogError as e:
+        return _err(str(e))
+    gpus = ", ".join(f"{g.name} ({_size(g.total)}{' unified' if g.unified else ''})" for g in machine.gpus)
+    print(f"machine: {_size(machine.total_ram)} RAM ({_size(machine.available_ram)} available), "
+          f"{machine.physical_cores} cores, GPU: {gpus or 'none'}")  # fmt: skip
+    print(f"context: {args.ctx} tokens\n")
+    for f in fits:
+        assert f.pair is not None
+        mark = "*" if best is not None and f.pair.id == best.pair.id else " "  # type: ignore[union-attr]
+        comfy = "" if f.comfortable or f.verdict == "none" else " (tight)"
+        print(f"{mark} {f.pair.id:<26} needs {_size(f.need.total):>9}  {f.summary}{comfy}")
+    print()
+    if best is None:
+        print("no catalog pair fits this machine at this context size")
+    else:
+        print(f"recommended: {best.pair.id} -- {best.summary}")  # type: ignore[union-attr]
+    return EXIT_OK
+
+
+class _ProgressBar:
+    """Text progress bar on a stream (stderr), redrawn in place."""
+
+    def __init__(self, label: str, stream: TextIO | None = None) -> None:
+        self.label = label
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = getattr(self.stream, "isatty", lambda: False)()
+        self._last_plain = -1.0
+
+    def __call__(self, done: int, total: int, speed: float, eta: float | None) -> None:
+        frac = done / total if total else 1.0
+        width = 30
+        bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
+        eta_s = "--:--" if eta is None else time.strftime("%H:%M:%S", time.gmtime(eta)) if eta >= 3600 else (
+            f"{int(eta) // 60:02d}:{int(eta) % 60:02d}")  # fmt: skip
+        line = f"{self.label} [{bar}] {frac:6.1%} {_size(done)}/{_size(total)} {_size(speed)}/s ETA {eta_s}"
+        if self.tty:
+            self.stream.write("\r" + line + "\x1b[K")
+        elif frac - self._last_plain >= 0.05 or done == total:  # log-friendly: every 5 %
+            self._last_plain = frac
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def cmd_download(args: argparse.Namespace) -> int:
+    """Download REPO FILE into the HF cache; prints the verified file's path on stdout."""
+    bar = _ProgressBar(args.file)
+    cancel = threading.Event()
+    try:
+        path = download(args.repo, args.file, revision=args.revision, progress=bar, cancel=cancel)
+    except KeyboardInterrupt:
+        cancel.set()
+        bar.close()
+        return _err("interrupted: the partial download is kept; run the same command to resume",
+                    EXIT_INTERRUPTED)  # fmt: skip
+    except HubError as e:
+        bar.close()
+        return _err(str(e))
+    bar.close()
+    print(path)
+    return EXIT_OK
+
+
+# ----------------------------------------------------------------------------------------- wiring
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def add_subcommands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Register ``models {catalog,list,fit}`` and ``download`` (each sets ``handler``)."""
+    models = subparsers.add_parser("models", help="curated pairs, local models, memory fit")
+    msub = models.add_subparsers(dest="models_command", metavar="SUBCOMMAND", required=True)
+
+    cat = msub.add_parser("catalog", help="list the curated target/draft pairs")
+    cat.add_argument("--json", action="store_true", help="print pairs and models as JSON")
+    cat.set_defaults(handler=cmd_models_catalog)
+
+    lst = msub.add_parser("list", help="list GGUF models on disk (HF cache and your folders)")
+    lst.add_argument("--folder", action="append", type=Path, metavar="DIR",
+                     help="also look in DIR (repeatable; default: the folders saved by the app)")  # fmt: skip
+    lst.set_defaults(handler=cmd_models_list)
+
+    fit = msub.add_parser("fit", help="which catalog pairs fit this machine")
+    fit.add_argument(
+        "--ctx", type=int, default=4096, metavar="N", help="context size in tokens (default 4096)"
+    )
+    fit.set_defaults(handler=cmd_models_fit)
+
+    dl = subparsers.add_parser("download", help="download a GGUF file from the Hugging Face Hub (resumable)")
+    dl.add_argument("repo", metavar="REPO", help="Hub repository, e.g. Qwen/Qwen2.5-Coder-7B-Instruct-GGUF")
+    dl.add_argument(
+        "file", metavar="FILE", help="file in the repository, e.g. qwen2.5-coder-7b-instruct-q4_k_m.gguf"
+    )
+    dl.add_argument("--revision", default=None, metavar="R", help="branch, tag or commit (default main)")
+    dl.set_defaults(handler=cmd_download)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """A standalone parser with just these commands (``python -m models_registry.cli``)."""
+    parser = argparse.ArgumentParser(prog="tandem", description="Tandem model registry commands.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    add_subcommands(sub)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the handler argparse selected."""
+    return args.handler(args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

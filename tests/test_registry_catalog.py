@@ -1,0 +1,140 @@
+"""Catalog loading and validation."""
+
+from __future__ import annotations
+
+import pytest
+
+from models_registry.catalog import (
+    CatalogError,
+    default_catalog,
+    load_catalog,
+    loads_catalog,
+    validate_filename,
+    validate_repo_id,
+)
+
+MODEL = """
+[[model]]
+id = "{id}"
+repo = "{repo}"
+family = "f"
+tokenizer = "{tok}"
+architecture = "llama"
+params = {params}
+n_layers = 2
+n_kv_heads = 1
+head_dim = 64
+context_length = 4096
+license = "mit"
+gated = false
+[model.files.Q4_K_M]
+file = "{file}"
+size = 1000
+"""
+PAIR = """
+[[pair]]
+id = "p"
+target = "{target}"
+draft = "{draft}"
+n_max = 8
+p_min = 0.8
+good_for = "tests"
+"""
+
+
+def text(t: dict | None = None, d: dict | None = None, pair: dict | None = None) -> str:
+    tm = {"id": "big", "repo": "acme/Big-GGUF", "tok": "a", "params": 100, "file": "big.gguf", **(t or {})}
+    dm = {
+        "id": "small",
+        "repo": "acme/Small-GGUF",
+        "tok": "a",
+        "params": 10,
+        "file": "small.gguf",
+        **(d or {}),
+    }
+    return (
+        MODEL.format(**tm)
+        + MODEL.format(**dm)
+        + PAIR.format(**{"target": "big", "draft": "small", **(pair or {})})
+    )
+
+
+def test_real_catalog_loads() -> None:
+    cat = load_catalog()
+    assert cat == default_catalog()
+    assert len(cat.pairs) >= 8
+    assert len({cat.model(p.target).tokenizer for p in cat.pairs}) >= 4
+    for p in cat.pairs:
+        t, d = cat.model(p.target), cat.model(p.draft)
+        assert t.tokenizer == d.tokenizer and d.params < t.params
+        assert t.file().file.endswith(".gguf") and t.default_quant in t.files
+    coder = cat.model("qwen2.5-coder-7b-instruct")
+    assert coder.repo == "Qwen/Qwen2.5-Coder-7B-Instruct-GGUF"
+    assert coder.file("Q4_K_M").file == "qwen2.5-coder-7b-instruct-q4_k_m.gguf"
+    assert cat.find_file("qwen/qwen2.5-coder-7b-instruct-gguf", coder.file().file) == (coder, coder.file())
+
+
+def test_minimal_catalog_ok() -> None:
+    cat = loads_catalog(text())
+    assert list(cat.models) == ["big", "small"] and cat.pair("p").draft == "small"
+
+
+@pytest.mark.parametrize(
+    ("t", "match"),
+    [
+        (
+            {"file": "../big.gguf"},
+            r"model 'big' file Q4_K_M: file name '\.\./big\.gguf' must be a plain name",
+        ),
+        ({"file": "/etc/big.gguf"}, "is an absolute path"),
+        ({"file": "dir/big.gguf"}, "must be a plain name without '/'"),
+        ({"file": "C:big.gguf"}, "absolute path"),
+        ({"file": "big\\\\x.gguf"}, "backslash"),
+        ({"file": "big\\u0007.gguf"}, "control characters"),
+        ({"file": "big.bin"}, "must end in '.gguf'"),
+        ({"repo": "acme"}, r"model 'big': repo id 'acme' must have the form 'owner/name'"),
+        ({"repo": "acme/Big/x"}, "must have the form"),
+        ({"repo": "ac me/Big"}, "may only use letters"),
+        ({"repo": "acme/-Big"}, "may only use letters"),
+        ({"repo": "acme/Big--x"}, "nor contain '--'"),
+        ({"id": "small"}, "duplicate model id 'small'"),
+        ({"params": "0"}, "'params' must be positive"),
+    ],
+)
+def test_broken_models_rejected(t: dict, match: str) -> None:
+    with pytest.raises(CatalogError, match=match):
+        loads_catalog(text(t=t))
+
+
+@pytest.mark.parametrize(
+    ("pair", "d", "match"),
+    [
+        ({"draft": "ghost"}, None, "pair 'p': draft 'ghost' is not a model of the catalog"),
+        ({"target": "ghost"}, None, "target 'ghost' is not a model"),
+        ({}, {"tok": "b"}, "do not share a tokenizer family"),
+        ({}, {"params": 1000}, "is not smaller than target"),
+        ({"draft": "big"}, None, "the same model"),
+    ],
+)
+def test_broken_pairs_rejected(pair: dict, d: dict | None, match: str) -> None:
+    with pytest.raises(CatalogError, match=match):
+        loads_catalog(text(d=d, pair=pair))
+
+
+def test_missing_field_and_bad_toml() -> None:
+    with pytest.raises(CatalogError, match="model 'big': missing required field 'license'"):
+        loads_catalog(text().replace('license = "mit"\n', "", 1))
+    with pytest.raises(CatalogError, match="field 'gated' must be a boolean"):
+        loads_catalog(text().replace("gated = false", 'gated = "no"', 1))
+    with pytest.raises(CatalogError, match="invalid TOML"):
+        loads_catalog("[[model]\n")
+    with pytest.raises(CatalogError, match="default quantization Q4_K_M is not among its files"):
+        loads_catalog(text().replace("[model.files.Q4_K_M]", "[model.files.Q8_0]", 1))
+
+
+def test_validators_directly() -> None:
+    assert validate_repo_id("bartowski/Qwen2.5-7B-Instruct-GGUF")
+    assert validate_filename("Q8_0/m-00001-of-00002.gguf", allow_subfolder=True)
+    for bad in ("a/../b.gguf", "a//b.gguf", "./b.gguf"):
+        with pytest.raises(CatalogError):
+            validate_filename(bad, allow_subfolder=True)
