@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import sys
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -72,8 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_arguments(bench)
 
     chk = sub.add_parser("check", help="is DRAFT usable with TARGET? exit 0 yes, 1 no")
-    chk.add_argument("target", help="target GGUF file")
-    chk.add_argument("draft", help="draft GGUF file")
+    chk.add_argument("target", help="target: a GGUF path, hf://OWNER/REPO/FILE.gguf[@REV] or a catalog id")
+    chk.add_argument("draft", help="draft: same forms (remote files are judged from their header only)")
+    from models_registry.cli import add_subcommands as add_registry_subcommands
+
+    add_registry_subcommands(sub)
     chk.add_argument("--json", action="store_true")
     return parser
 
@@ -95,7 +97,7 @@ def _read_prompt(args: argparse.Namespace) -> str:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from app.engine.engine import Engine, EngineError, GenerationSettings, LoadSettings
+    from app.engine.engine import EngineError, GenerationSettings, LoadSettings
     from app.engine.events import Finished, Step
     from app.engine.llama import LlamaError
     from app.engine.sampling import SamplingError, SamplingParams
@@ -135,60 +137,69 @@ def cmd_generate(args: argparse.Namespace) -> int:
     except (ValueError, EngineError, SamplingError) as e:
         return _fail(str(e))
 
-    cancel = threading.Event()
-    prev = signal.signal(signal.SIGINT, lambda *_: cancel.set())
+    from app.engine.client import EngineClient, EngineCrashedError
+
+    client = EngineClient()
+    prev = signal.signal(signal.SIGINT, lambda *_: client.cancel())
+    cancelled = False
     try:
-        with Engine(load) as engine:
-            if args.chat:
-                messages = [{"role": "system", "content": args.system}] if args.system else []
-                messages.append({"role": "user", "content": text})
-                prompt = engine.chat_prompt(messages)
-            else:
-                prompt = engine.tokenize(text)
-            finished = None
-            streamed = 0
-            for event in engine.generate(prompt, settings, cancel=cancel):
-                if isinstance(event, Step) and not args.json:
-                    sys.stdout.write(event.text)
-                    sys.stdout.flush()
-                    streamed += len(event.text)
-                elif isinstance(event, Finished):
-                    finished = event
-            assert finished is not None
-            if args.json:
-                out = {
-                    "text": finished.text,
-                    "tokens": list(finished.tokens),
-                    "prompt_tokens": list(prompt),
-                    "finish_reason": finished.reason,
-                    "stats": finished.stats.to_dict(),
-                    "engine": engine.info(),
-                }
-                print(json.dumps(out, ensure_ascii=False))
-            else:
-                sys.stdout.write(finished.text[streamed:])  # text held back until the end, if any
-                s = finished.stats
-                print(
-                    f"\n[{s.mode}] {s.n_generated} tokens, {s.decode_tokens_per_second:.1f} tok/s, "
-                    f"acceptance {s.acceptance_rate:.0%} ({s.n_accepted}/{s.n_drafted}), "
-                    f"{s.tokens_per_round:.2f} tokens/round, ttft {s.ttft_s * 1000:.0f} ms, "
-                    f"finish: {finished.reason}",
-                    file=sys.stderr,
-                )
+        client.start()
+        client.load(load)
+        if args.chat:
+            messages = [{"role": "system", "content": args.system}] if args.system else []
+            messages.append({"role": "user", "content": text})
+            prompt = client.tokenize(messages=messages)
+        else:
+            prompt = client.tokenize(text)
+        finished = None
+        streamed = 0
+        for event in client.generate(prompt=prompt, settings=settings):
+            if isinstance(event, Step) and not args.json:
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+                streamed += len(event.text)
+            elif isinstance(event, Finished):
+                finished = event
+        assert finished is not None
+        cancelled = finished.reason == "cancelled"
+        if args.json:
+            out = {
+                "text": finished.text,
+                "tokens": list(finished.tokens),
+                "prompt_tokens": list(prompt),
+                "finish_reason": finished.reason,
+                "stats": finished.stats.to_dict(),
+                "engine": client.info(),
+            }
+            print(json.dumps(out, ensure_ascii=False))
+        else:
+            sys.stdout.write(finished.text[streamed:])  # text held back until the end, if any
+            s = finished.stats
+            print(
+                f"\n[{s.mode}] {s.n_generated} tokens, {s.decode_tokens_per_second:.1f} tok/s, "
+                f"acceptance {s.acceptance_rate:.0%} ({s.n_accepted}/{s.n_drafted}), "
+                f"{s.tokens_per_round:.2f} tokens/round, ttft {s.ttft_s * 1000:.0f} ms, "
+                f"finish: {finished.reason}",
+                file=sys.stderr,
+            )
+    except EngineCrashedError as e:
+        return _fail(str(e), 3)
     except (ValueError, LlamaError, EngineError, PromptTooLongError) as e:
         return _fail(str(e))
     finally:
         signal.signal(signal.SIGINT, prev)
-    return 130 if cancel.is_set() else 0
+        client.shutdown()
+    return 130 if cancelled else 0
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from app.engine import compat
     from app.engine.gguf_meta import GGUFError
+    from models_registry.cli import check_refs
+    from models_registry.hub import HubError
 
     try:
-        verdict = compat.check_files(args.target, args.draft)
-    except (OSError, GGUFError) as e:
+        verdict = check_refs(args.target, args.draft)
+    except (OSError, ValueError, GGUFError, HubError) as e:
         return _fail(str(e))
     if args.json:
         print(json.dumps({"compatible": verdict.ok, "reason": verdict.reason}))
@@ -218,6 +229,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_generate(args)
     if args.command == "check":
         return cmd_check(args)
+    if args.command in ("models", "download"):
+        return args.handler(args)
     if args.command == "bench":
         from bench.run import main as bench_main
 

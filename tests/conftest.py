@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")  # GUI tests never need a screen
+
 from pathlib import Path
 from typing import NamedTuple
 
@@ -71,3 +75,26 @@ def fake_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         yield hub
     finally:
         hub.stop()
+
+
+@pytest.fixture
+def ui_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh app data directory (``TANDEM_DATA_DIR``) for the desktop app's conversations and settings."""
+    path = tmp_path / "tandem-data"
+    path.mkdir()
+    monkeypatch.setenv("TANDEM_DATA_DIR", str(path))
+    return path
+
+
+@pytest.fixture
+def no_leaked_threads():
+    """Fail the test if it leaves a Python thread running (e.g. an engine worker or reader thread)."""
+    import threading
+
+    before = set(threading.enumerate())
+    yield
+    leaked = [t for t in threading.enumerate() if t not in before and t.is_alive()]
+    for t in leaked:
+        t.join(5)
+    leaked = [t.name for t in leaked if t.is_alive()]
+    assert not leaked, f"threads left running: {leaked}"

@@ -221,6 +221,8 @@ class AutoDrafter:
         probe_every: int = 12,
         probe_max: int = 192,
         refresh_plain: int = 48,
+        probe_budget: float = 0.02,
+        optimistic: float = 0.95,
     ):
         self.model = model
         self.lookup = lookup
@@ -235,6 +237,13 @@ class AutoDrafter:
         self._probing = False
         self.refresh_plain = refresh_plain
         self._since_plain = 0
+        # A probe makes the draft catch up with everything it has not seen: allow it only when that
+        # costs at most ``probe_budget`` of the time since the draft model last ran, and only when
+        # drafting could pay at all, i.e. even at an ``optimistic`` acceptance rate.
+        self.probe_budget = probe_budget
+        self._optimistic = Acceptance(n_max, prior=optimistic, weight=1e12)
+        self._sync_cost = _Window(15)
+        self._last_model_t = time.perf_counter()
 
     def begin(self, prompt: Sequence[int]) -> float:
         t = self.lookup.begin(prompt)
@@ -297,7 +306,7 @@ class AutoDrafter:
                 f"{plan.rate / plan.plain_rate:.2f}x expected"
             )
             if plan.k == 0:
-                if self._since_model < self._probe_interval:
+                if not self._probe_due(tokens, d, limit):
                     return Proposal((), (), (), "none", time.perf_counter() - t0, reason=PAUSED, planned=0)
                 plan = Plan(min(2, limit), 0.0, plan.plain_rate)
                 reason = "probing: re-measuring whether drafting pays"
@@ -305,8 +314,18 @@ class AutoDrafter:
         if plan.k == 0:
             return Proposal((), (), (), "none", time.perf_counter() - t0, reason=reason, planned=0)
         self._since_model = 0
+        self._last_model_t = time.perf_counter()
         prop = self.model.propose(tokens, plan.k, params, rng, keep_going=self._continue_rule(plan))
         return replace(prop, planned=plan.k, reason=reason, t=time.perf_counter() - t0)
+
+    def _probe_due(self, tokens: Sequence[int], draft_cost: float, limit: int) -> bool:
+        if self.model is None or self._since_model < self._probe_interval:
+            return False
+        if best_length(self._optimistic, self.costs, draft_cost, limit, self.margin).k == 0:
+            return False  # the draft model cannot pay on this machine even when it is nearly always right
+        per_token = self._sync_cost.value if self._sync_cost.n else 0.35 * draft_cost
+        catch_up = self.model.pending(tokens) * per_token
+        return catch_up <= self.probe_budget * (time.perf_counter() - self._last_model_t)
 
     def observe(self, proposal: Proposal, outcome: Outcome) -> None:
         self.costs.observe_verify(outcome.batch, outcome.t_verify)
@@ -314,6 +333,8 @@ class AutoDrafter:
             self._since_plain = 0
         if proposal.source == "model" and proposal.n_steps:
             self.costs.observe_draft(proposal.n_steps, proposal.t_steps)
+        if proposal.source == "model" and proposal.n_sync > 2:
+            self._sync_cost.add(proposal.t_sync / proposal.n_sync)
         if proposal.source in self.acc:
             self.acc[proposal.source].observe(outcome.n_drafted, outcome.n_accepted, proposal.confidence)
         if self._probing:

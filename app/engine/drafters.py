@@ -32,6 +32,8 @@ class Proposal:
     t_llama: float = 0.0  # of which inside llama_decode
     n_steps: int = 0  # single-token draft decodes (the per-token cost sample for auto mode)
     t_steps: float = 0.0  # seconds those took
+    n_sync: int = 0  # tokens the draft evaluated to catch up with the text before drafting
+    t_sync: float = 0.0  # seconds that took
     planned: int = -1  # the draft length the drafter planned (-1: the policy's choice)
     reason: str = ""  # why (empty: the policy's reason)
 
@@ -93,6 +95,10 @@ class ModelDrafter:
             self.ctx.trim(n)
             del self._cached[n:]
 
+    def pending(self, tokens: Sequence[int]) -> int:
+        """About how many of ``tokens`` the draft would have to evaluate before drafting."""
+        return max(1, len(tokens) - min(self._stable, len(self._cached)))
+
     def _sync(self, tokens: Sequence[int]) -> float:
         """Bring the draft KV to ``tokens`` (decoding only unseen ones); leaves logits for the last."""
         keep = common_prefix(self._cached, tokens, self._stable)
@@ -118,7 +124,9 @@ class ModelDrafter:
         if k <= 0:
             return EMPTY
         t0 = time.perf_counter()
+        n_sync = self.pending(tokens)
         t_llama = self._sync(tokens)
+        t_sync = t_llama
         t_steps, n_steps = 0.0, 0
         ids: list[int] = []
         qs: list[np.ndarray | None] = []
@@ -152,7 +160,16 @@ class ModelDrafter:
             n_steps += 1
             self._cached.append(tok)
         return Proposal(
-            tuple(ids), tuple(qs), tuple(conf), self.name, time.perf_counter() - t0, t_llama, n_steps, t_steps
+            tuple(ids),
+            tuple(qs),
+            tuple(conf),
+            self.name,
+            time.perf_counter() - t0,
+            t_llama,
+            n_steps,
+            t_steps,
+            n_sync=n_sync,
+            t_sync=t_sync,
         )
 
     def reset(self) -> None:
