@@ -243,7 +243,7 @@ class AutoDrafter:
         self.probe_budget = probe_budget
         self._optimistic = Acceptance(n_max, prior=optimistic, weight=1e12)
         self._sync_cost = _Window(15)
-        self._last_model_t = time.perf_counter()
+        self._elapsed = 0.0  # estimated seconds of decoding since the draft model last ran
 
     def begin(self, prompt: Sequence[int]) -> float:
         t = self.lookup.begin(prompt)
@@ -314,7 +314,7 @@ class AutoDrafter:
         if plan.k == 0:
             return Proposal((), (), (), "none", time.perf_counter() - t0, reason=reason, planned=0)
         self._since_model = 0
-        self._last_model_t = time.perf_counter()
+        self._elapsed = 0.0
         prop = self.model.propose(tokens, plan.k, params, rng, keep_going=self._continue_rule(plan))
         return replace(prop, planned=plan.k, reason=reason, t=time.perf_counter() - t0)
 
@@ -325,10 +325,11 @@ class AutoDrafter:
             return False  # the draft model cannot pay on this machine even when it is nearly always right
         per_token = self._sync_cost.value if self._sync_cost.n else 0.35 * draft_cost
         catch_up = self.model.pending(tokens) * per_token
-        return catch_up <= self.probe_budget * (time.perf_counter() - self._last_model_t)
+        return catch_up <= self.probe_budget * self._elapsed
 
     def observe(self, proposal: Proposal, outcome: Outcome) -> None:
         self.costs.observe_verify(outcome.batch, outcome.t_verify)
+        self._elapsed += self.costs.verify(outcome.batch) or outcome.t_verify
         if outcome.batch == 1:
             self._since_plain = 0
         if proposal.source == "model" and proposal.n_steps:
