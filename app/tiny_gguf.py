@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from gguf import GGUFWriter, LlamaFileType, TokenType
+from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType, TokenType
+from gguf.quants import quant_shape_to_byte_shape, quantize
 
 __all__ = [
     "CHATML_TEMPLATE",
@@ -325,8 +326,13 @@ def write_tiny_llama(
     tokenizer: Literal["a", "b"] = "a",
     chat_template: str | None = CHATML_TEMPLATE,
     name: str = "tiny",
+    quant: Literal["F32", "Q4_0", "Q8_0"] = "F32",
 ) -> Path:
     """Write a tiny llama-architecture GGUF (F32 weights) to ``path`` and return the path.
+
+    ``quant`` "Q4_0" or "Q8_0" quantizes the 2-D weight matrices (norms stay F32), which makes
+    llama.cpp take its quantized kernels: batched and single-token evaluation then differ slightly,
+    as with real quantized models.
 
     Weights are drawn from ``numpy.random.default_rng(seed)``. With ``base_seed``, they are instead the
     weights of ``base_seed`` plus, for each tensor, gaussian noise (from ``seed``) of ``noise`` times
@@ -350,7 +356,11 @@ def write_tiny_llama(
 
     writer = GGUFWriter(path, "llama")
     writer.add_name(name)
-    writer.add_file_type(LlamaFileType.ALL_F32)
+    writer.add_file_type(
+        {"F32": LlamaFileType.ALL_F32, "Q4_0": LlamaFileType.MOSTLY_Q4_0, "Q8_0": LlamaFileType.MOSTLY_Q8_0}[
+            quant
+        ]
+    )
     writer.add_vocab_size(tok.n_vocab)
     writer.add_context_length(n_ctx_train)
     writer.add_embedding_length(n_embd)
@@ -375,8 +385,14 @@ def write_tiny_llama(
     if chat_template is not None:
         writer.add_chat_template(chat_template)
 
+    qtype = {"Q4_0": GGMLQuantizationType.Q4_0, "Q8_0": GGMLQuantizationType.Q8_0}.get(quant)
     for key, w in weights.items():
-        writer.add_tensor(key, w)
+        if qtype is not None and w.ndim == 2:
+            writer.add_tensor(
+                key, quantize(w, qtype), raw_shape=quant_shape_to_byte_shape(w.shape, qtype), raw_dtype=qtype
+            )
+        else:
+            writer.add_tensor(key, w)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -384,13 +400,26 @@ def write_tiny_llama(
     return path
 
 
-def write_tiny_pair(directory: str | Path, *, noise: float = DEFAULT_DRAFT_NOISE) -> tuple[Path, Path]:
+def write_tiny_pair(
+    directory: str | Path,
+    *,
+    noise: float = DEFAULT_DRAFT_NOISE,
+    quant: Literal["F32", "Q4_0", "Q8_0"] = "F32",
+) -> tuple[Path, Path]:
     """Write a target (seed 0) and its draft (its weights plus ``noise``) into ``directory``."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    target = write_tiny_llama(directory / "tiny-target.gguf", seed=0, name="tiny-target")
+    suffix = "" if quant == "F32" else f"-{quant.lower()}"
+    target = write_tiny_llama(
+        directory / f"tiny-target{suffix}.gguf", seed=0, name="tiny-target", quant=quant
+    )
     draft = write_tiny_llama(
-        directory / "tiny-draft.gguf", seed=1, base_seed=0, noise=noise, name="tiny-draft"
+        directory / f"tiny-draft{suffix}.gguf",
+        seed=1,
+        base_seed=0,
+        noise=noise,
+        name="tiny-draft",
+        quant=quant,
     )
     return target, draft
 
