@@ -97,11 +97,10 @@ def _read_prompt(args: argparse.Namespace) -> str:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from app.engine.engine import EngineError, GenerationSettings, LoadSettings
+    from app.engine.errors import EngineError, LlamaError, PromptTooLongError
     from app.engine.events import Finished, Step
-    from app.engine.llama import LlamaError
     from app.engine.sampling import SamplingError, SamplingParams
-    from app.engine.speculative import PromptTooLongError
+    from app.engine.settings import GenerationSettings, LoadSettings
 
     try:
         text = _read_prompt(args)

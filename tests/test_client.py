@@ -248,3 +248,16 @@ def test_shutdown_of_a_dead_host_does_not_hang_and_leaves_no_process() -> None:
     c.shutdown()
     assert_reaped(pid)
     assert not c.alive
+
+
+def test_the_client_side_never_loads_llama_cpp() -> None:
+    """The UI/CLI process talks to the engine process without importing llama.cpp itself."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import app.engine.client, app.engine.settings, app.engine.errors, app.engine.events; "
+        "print('llama_cpp' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

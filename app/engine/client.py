@@ -32,12 +32,18 @@ from multiprocessing.connection import wait as wait_for
 from pathlib import Path
 from typing import Any
 
-from app.engine import host as host_module
 from app.engine.chat import ChatTemplateError
-from app.engine.engine import EngineError, GenerationSettings, IncompatibleDraftError, LoadSettings
+from app.engine.errors import (
+    ContextFullError,
+    DecodeError,
+    EngineError,
+    IncompatibleDraftError,
+    LlamaError,
+    ModelLoadError,
+    PromptTooLongError,
+)
 from app.engine.events import Finished, Started, Step
 from app.engine.gguf_meta import GGUFError
-from app.engine.llama import ContextFullError, DecodeError, LlamaError, ModelLoadError
 from app.engine.protocol import (
     Crash,
     Done,
@@ -59,7 +65,7 @@ from app.engine.protocol import (
     Unload,
 )
 from app.engine.sampling import SamplingError
-from app.engine.speculative import PromptTooLongError
+from app.engine.settings import GenerationSettings, LoadSettings
 
 log = logging.getLogger("tandem.client")
 
@@ -137,6 +143,13 @@ def error_from_reply(reply: Error) -> Exception:
 _DEAD = object()  # queued to waiting calls when the host process is gone
 
 
+def _host_main(*args: Any) -> None:
+    """The engine process's entry point. Imported lazily: llama.cpp is loaded in the child only."""
+    from app.engine.host import main
+
+    main(*args)
+
+
 class _Host:
     """One engine process: its pipes, cancel flag, log files and reply-routing reader thread."""
 
@@ -149,7 +162,7 @@ class _Host:
         self.replies, child_replies = ctx.Pipe(duplex=False)
         self.cancel = ctx.Event()
         self.process = ctx.Process(
-            target=host_module.main,
+            target=_host_main,
             args=(child_requests, child_replies, self.cancel, self.log_path, self.fault_path),
             name="tandem-engine",
             daemon=True,

@@ -5,82 +5,22 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
 from app.engine import compat
 from app.engine.auto import AutoDrafter, CostModel, MeasuredCosts
 from app.engine.chat import ChatTemplate, Message
 from app.engine.drafters import Drafter, LookupDrafter, ModelDrafter
+from app.engine.errors import EngineError, IncompatibleDraftError
 from app.engine.events import Finished, Started, Step
 from app.engine.gguf_meta import GGUFError
 from app.engine.llama import Context, Model, ModelLoadError, backend_name, check_model_file, devices
 from app.engine.policy import AdaptivePolicy, DraftPolicy, FixedPolicy, PlainPolicy
-from app.engine.sampling import SamplingParams
+from app.engine.settings import MODES, GenerationSettings, LoadSettings
 from app.engine.speculative import TargetCache, generate
 
-MODES = ("auto", "speculative", "plain", "lookup")
-
-
-class EngineError(ValueError):
-    """Bad settings or a request the loaded models cannot serve."""
-
-
-class IncompatibleDraftError(EngineError):
-    """The draft model's vocabulary does not match the target's."""
-
-
-@dataclass(frozen=True)
-class LoadSettings:
-    """What to load and how. ``n_gpu_layers``: -1 = all layers, 0 = CPU only."""
-
-    target: str
-    draft: str | None = None
-    n_ctx: int = 4096
-    n_batch: int = 512
-    n_threads: int | None = None
-    n_threads_draft: int | None = None
-    n_gpu_layers: int = 0
-    n_gpu_layers_draft: int = 0
-    flash_attn: bool | None = None
-
-    def __post_init__(self) -> None:
-        if self.n_ctx < 16:
-            raise EngineError(f"n_ctx must be at least 16, not {self.n_ctx}")
-        if self.n_batch < 1:
-            raise EngineError(f"n_batch must be >= 1, not {self.n_batch}")
-        for name in ("n_threads", "n_threads_draft"):
-            v = getattr(self, name)
-            if v is not None and v < 1:
-                raise EngineError(f"{name} must be >= 1, not {v}")
-
-
-@dataclass(frozen=True)
-class GenerationSettings:
-    """How to generate one reply."""
-
-    mode: str = "auto"
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    max_tokens: int = 512
-    n_max: int = 8
-    n_min: int = 1
-    p_min: float = 0.0
-    adaptive: bool = True
-    stop: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise EngineError(f"unknown mode {self.mode!r}: choose one of {', '.join(MODES)}")
-        if self.n_max < 1:
-            raise EngineError(f"n_max must be at least 1, not {self.n_max}")
-        if not 0 <= self.n_min <= self.n_max:
-            raise EngineError(f"n_min must be between 0 and n_max ({self.n_max}), not {self.n_min}")
-        if not 0.0 <= self.p_min <= 1.0:
-            raise EngineError(f"p_min must be in [0, 1], not {self.p_min}")
-        if self.max_tokens < 1:
-            raise EngineError(f"max_tokens must be at least 1, not {self.max_tokens}")
-        if any(not s for s in self.stop):
-            raise EngineError("stop strings must not be empty")
+__all__ = ["MODES", "Engine", "EngineError", "GenerationSettings", "IncompatibleDraftError", "LoadSettings"]
 
 
 class Engine:

@@ -18,26 +18,12 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
+from app.engine.errors import ContextFullError, DecodeError, LlamaError, ModelLoadError
+
 log = logging.getLogger("tandem.llama")
 log.addHandler(logging.NullHandler())  # llama.cpp's log is opt-in: never printed through lastResort
 
 GGUF_MAGIC = b"GGUF"
-
-
-class LlamaError(RuntimeError):
-    """An error reported by llama.cpp (or detected before calling it)."""
-
-
-class ModelLoadError(LlamaError):
-    """A model file could not be loaded."""
-
-
-class DecodeError(LlamaError):
-    """``llama_decode`` failed."""
-
-
-class ContextFullError(DecodeError):
-    """The batch does not fit in the context's KV cache."""
 
 
 # --------------------------------------------------------------------------------------------------

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from app.engine.engine import GenerationSettings, LoadSettings
 from app.engine.events import Finished, Started, Step
+from app.engine.settings import GenerationSettings, LoadSettings
 
 CrashKind = Literal["abort", "segfault", "exit"]
 CRASH_KINDS: tuple[str, ...] = ("abort", "segfault", "exit")

@@ -18,14 +18,11 @@ from app.engine import sampling
 from app.engine.auto import Outcome
 from app.engine.chat import StopMatcher, Utf8Stream
 from app.engine.drafters import EMPTY, Drafter, Proposal, common_prefix
+from app.engine.errors import PromptTooLongError
 from app.engine.events import Finished, Started, StatsBuilder, Step
 from app.engine.llama import Context
 from app.engine.policy import Choice, DraftPolicy
 from app.engine.sampling import SamplingParams
-
-
-class PromptTooLongError(ValueError):
-    """The prompt does not fit in the context."""
 
 
 class TargetCache:
