@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import signal
 import sys
@@ -53,6 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Lossless speculative decoding for local LLMs. Without a command, starts the app.",
     )
     parser.add_argument("--version", action="version", version=f"tandem {__version__}")
+    parser.add_argument("--model", metavar="TARGET", help="start the app with this target model (GGUF)")
+    parser.add_argument("--draft", metavar="DRAFT", help="... and this draft model (GGUF), with --model")
+    parser.add_argument(
+        "--self-test",
+        action="store_true",
+        help="load a bundled tiny model pair, check speculative output equals plain output, print figures",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     gen = sub.add_parser("generate", help="generate text headless (streams to stdout)")
@@ -208,22 +216,28 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if verdict.ok else 1
 
 
-def cmd_app(argv: Sequence[str]) -> int:
-    print(
-        "tandem: the desktop app is not built yet. Use the command line meanwhile:\n"
-        "  tandem generate --target TARGET.gguf [--draft DRAFT.gguf] --chat --prompt 'Hello'\n"
-        "  tandem check TARGET.gguf DRAFT.gguf\n"
-        "  tandem --help",
-        file=sys.stderr,
-    )
-    return 2
+def cmd_app(target: str | None = None, draft: str | None = None) -> int:
+    """Start the desktop app (optionally with a model pair)."""
+    if draft and not target:
+        return _fail("--draft needs --model (the target it drafts for)")
+    try:
+        from app.ui.app import run_app
+    except ImportError as e:  # e.g. Qt's system libraries are missing
+        return _fail(f"the desktop app cannot start: {e}. The command line works: tandem --help")
+    return run_app([sys.argv[0]], target=target, draft=draft)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``tandem`` command."""
+    multiprocessing.freeze_support()  # a frozen app's engine process starts through here (spawn)
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
-        return cmd_app(argv)
+        return cmd_app()
     args = build_parser().parse_args(argv)
+    if args.self_test:
+        from app.selftest import run_self_test
+
+        return run_self_test()
     if args.command == "generate":
         return cmd_generate(args)
     if args.command == "check":
@@ -234,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from bench.run import main as bench_main
 
         return bench_main(args)
-    return cmd_app(argv)
+    return cmd_app(args.model, args.draft)
 
 
 if __name__ == "__main__":
