@@ -1,0 +1,241 @@
+"""The engine thread: one Python thread runs every blocking ``EngineClient`` call, in order.
+
+:class:`EngineWorker` is a QObject living in the GUI thread. Jobs (load, generate, calibrate) run on its
+thread; everything they report crosses back through one queued signal and is re-emitted from the GUI
+thread, so every public signal is delivered in the GUI thread. Step events are coalesced: the engine
+thread appends them to a buffer and posts at most one wake-up until the GUI has drained it, so a fast
+model cannot flood the event loop. Cancelling is ``client.cancel()`` (thread-safe; the engine stops
+within one round), never killing a thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from PySide6.QtCore import QObject, Qt, Signal, Slot
+
+from app.engine.client import EngineClient, EngineCrashedError
+from app.engine.engine import GenerationSettings, LoadSettings
+from app.engine.events import Finished, Started, Step
+
+log = logging.getLogger("tandem.ui")
+
+CALIBRATION_PROMPT = [{"role": "user", "content": "Say hello."}]
+
+
+@dataclass
+class _Job:
+    kind: str  # load | generate | calibrate | stop
+    payload: Any = None
+    cancelled: bool = False
+    messages: list[dict[str, Any]] = field(default_factory=list)
+
+
+class EngineWorker(QObject):
+    """Drives an :class:`EngineClient` from its own thread and reports through Qt signals."""
+
+    loadStarted = Signal(object)  # LoadSettings
+    loadProgress = Signal(str, float)  # stage ("target", "draft", "restart"), fraction
+    loaded = Signal(dict)  # the engine's info()
+    loadFailed = Signal(str)
+    started = Signal(object)  # Started
+    steps = Signal(list)  # list[Step], coalesced
+    finished = Signal(object)  # Finished, or None when cancelled before it started
+    failed = Signal(str, bool)  # message, the engine process crashed
+    calibrated = Signal(list)  # list[Step] of a short plain-decoding run
+    busyChanged = Signal(bool)
+
+    _post = Signal(object)  # engine thread -> GUI thread
+
+    def __init__(self, client: EngineClient | None = None, parent: QObject | None = None):
+        super().__init__(parent)
+        self.client = client or EngineClient(auto_restart=True)
+        self._jobs: queue.Queue[_Job] = queue.Queue()
+        self._lock = threading.Lock()
+        self._buffer: list[Step] = []
+        self._wake_pending = False
+        self._current: _Job | None = None
+        self._queued_generate: _Job | None = None
+        self._busy = False
+        self._closed = False
+        self.on_event: Callable[[object], None] | None = None  # benchmarks: called in the engine thread
+        self._post.connect(self._dispatch, Qt.ConnectionType.QueuedConnection)
+        self._thread = threading.Thread(target=self._run, name="tandem-ui-engine", daemon=True)
+        self._thread.start()
+
+    # -- requests (GUI thread) ----------------------------------------------------------------------
+    def load(self, settings: LoadSettings) -> None:
+        self._submit(_Job("load", settings))
+
+    def generate(self, messages: Sequence[Mapping[str, Any]], settings: GenerationSettings) -> None:
+        job = _Job("generate", settings, messages=[dict(m) for m in messages])
+        with self._lock:
+            self._queued_generate = job
+        self._submit(job)
+
+    def calibrate(self) -> None:
+        """Measure plain decoding's step cost with a short plain reply (for the speedup estimate)."""
+        self._submit(_Job("calibrate"))
+
+    def cancel(self) -> None:
+        """Stop the running (or queued) reply; the engine finishes the current round and stops."""
+        with self._lock:
+            for job in (self._current, self._queued_generate):
+                if job is not None and job.kind == "generate":
+                    job.cancelled = True
+        self.client.cancel()
+
+    @property
+    def busy(self) -> bool:
+        return self._busy
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Cancel what runs, stop the engine process and join the engine thread."""
+        if self._closed:
+            return
+        self._closed = True
+        self.cancel()
+        self._jobs.put(_Job("stop"))
+        try:
+            self.client.shutdown()
+        finally:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.error("the engine thread did not stop within %.0f s", timeout)
+
+    def _submit(self, job: _Job) -> None:
+        if self._closed:
+            raise RuntimeError("the engine worker is shut down")
+        self._set_busy(True)
+        self._jobs.put(job)
+
+    # -- GUI thread side ----------------------------------------------------------------------------
+    @Slot(object)
+    def _dispatch(self, item: tuple[str, Any]) -> None:
+        kind, value = item
+        if kind == "steps":
+            with self._lock:
+                batch, self._buffer = self._buffer, []
+                self._wake_pending = False
+            if batch:
+                self.steps.emit(batch)
+        elif kind == "idle":
+            self._set_busy(not self._jobs.empty())
+        else:
+            getattr(self, kind).emit(*value)
+
+    def _set_busy(self, busy: bool) -> None:
+        if busy != self._busy:
+            self._busy = busy
+            self.busyChanged.emit(busy)
+
+    # -- engine thread ------------------------------------------------------------------------------
+    def _emit(self, signal: str, *args: Any) -> None:
+        self._post.emit((signal, args))
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job.kind == "stop":
+                return
+            with self._lock:
+                self._current = job
+                if job is self._queued_generate:
+                    self._queued_generate = None
+            try:
+                getattr(self, f"_do_{job.kind}")(job)
+            except Exception:  # a bug: report it, keep the thread alive
+                log.exception("engine job %s failed", job.kind)
+                self._emit("failed", "internal error (see the log)", False)
+            finally:
+                with self._lock:
+                    self._current = None
+                self._post.emit(("idle", None))
+
+    def _do_load(self, job: _Job) -> None:
+        settings: LoadSettings = job.payload
+        self._emit("loadStarted", settings)
+        try:
+            info = self.client.load(settings, progress=lambda stage, f: self._emit("loadProgress", stage, f))
+        except Exception as e:
+            if not self._closed:
+                self._emit("loadFailed", _describe(e))
+            return
+        self._emit("loaded", info)
+
+    def _do_generate(self, job: _Job) -> None:
+        if job.cancelled:
+            self._emit("finished", None)
+            return
+        try:
+            stream = self.client.generate(messages=job.messages, settings=job.payload)
+            with stream:
+                if job.cancelled:
+                    stream.cancel()
+                for event in stream:
+                    if self.on_event is not None:
+                        self.on_event(event)
+                    if isinstance(event, Step):
+                        with self._lock:
+                            self._buffer.append(event)
+                            wake = not self._wake_pending
+                            self._wake_pending = True
+                        if wake:
+                            self._post.emit(("steps", None))
+                    elif isinstance(event, Started):
+                        self._emit("started", event)
+                    elif isinstance(event, Finished):
+                        self._emit("finished", event)
+        except EngineCrashedError as e:
+            if self._closed:
+                return
+            self._emit("failed", _describe(e), True)
+            self._restart()
+        except Exception as e:
+            if not self._closed:
+                self._emit("failed", _describe(e), False)
+
+    def _restart(self) -> None:
+        """After a crash: a fresh engine process with the same models, so the next message works."""
+        if self.client.settings is None:
+            return
+        self._emit("loadStarted", self.client.settings)
+        try:
+            info = self.client.restart(progress=lambda stage, f: self._emit("loadProgress", stage, f))
+        except Exception as e:
+            if not self._closed:
+                self._emit("loadFailed", f"restarting the engine failed: {_describe(e)}")
+            return
+        if info is not None:
+            self._emit("loaded", info)
+
+    def _do_calibrate(self, job: _Job) -> None:
+        if self.client.settings is None:
+            return
+        t0 = time.perf_counter()
+        steps: list[Step] = []
+        settings = GenerationSettings(mode="plain", max_tokens=24)
+        try:
+            for event in self.client.generate(messages=CALIBRATION_PROMPT, settings=settings):
+                if isinstance(event, Step):
+                    steps.append(event)
+        except Exception as e:  # not worth bothering the user: the estimate just stays unknown
+            log.warning("calibrating plain decoding failed: %s", e)
+            return
+        log.info("calibrated plain decoding in %.2f s", time.perf_counter() - t0)
+        self._emit("calibrated", steps)
+
+
+def _describe(e: BaseException) -> str:
+    """A readable one-paragraph description of an engine error."""
+    text = str(e) or type(e).__name__
+    if isinstance(e, EngineCrashedError):
+        first = text.split("; its last log lines:")[0]
+        return f"The engine stopped: {first}."
+    return text

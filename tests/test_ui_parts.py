@@ -1,0 +1,191 @@
+"""The desktop app's parts without an engine: store, settings, Markdown, metrics, composer keys."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import pytest
+from PySide6.QtCore import Qt
+
+from app.engine.auto import PAUSED
+from app.engine.events import Step
+from app.ui.composer import Composer
+from app.ui.markdown import Segment, draft_html, render_code, render_prose, split_segments
+from app.ui.metrics import PlainCost, ReplyMeter, Rolling, draft_share
+from app.ui.settings import AppSettings
+from app.ui.store import Store
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def step(
+    text: str, from_draft: tuple[bool, ...], t_round: float = 0.01, reason: str = "", k: int = 4
+) -> Step:
+    n = len(from_draft)
+    return Step(
+        text=text,
+        tokens=tuple(range(n)),
+        from_draft=from_draft,
+        n_drafted=k if k else 0,
+        n_accepted=sum(from_draft),
+        k=k,
+        drafter="model" if k else "none",
+        reason=reason,
+        t_draft=0.0,
+        t_verify=t_round,
+        t_round=t_round,
+        t_llama=t_round,
+    )
+
+
+# -- store ------------------------------------------------------------------------------------------
+
+
+def test_store_conversations_messages_and_meta(tmp_path) -> None:
+    store = Store(tmp_path / "c.db")
+    a = store.create("First")
+    b = store.create("Second", system_prompt="Be brief.")
+    m1 = store.add_message(a.id, "user", "hi")
+    store.add_message(a.id, "assistant", "hello", {"reason": "eog", "draft_spans": [[0, 2]]})
+    assert [c.id for c in store.conversations()] == [a.id, b.id]  # most recently updated first
+    store.rename(b.id, "Renamed")
+    store.set_system_prompt(a.id, "sys")
+    store.set_meta("last_conversation", str(a.id))
+    store.close()
+
+    store = Store(tmp_path / "c.db")
+    assert store.get(b.id).title == "Renamed"
+    assert store.get(a.id).system_prompt == "sys"
+    msgs = store.messages(a.id)
+    assert [(m.role, m.content) for m in msgs] == [("user", "hi"), ("assistant", "hello")]
+    assert msgs[1].stats == {"reason": "eog", "draft_spans": [[0, 2]]}
+    store.delete_messages_from(a.id, m1.id)
+    assert store.messages(a.id) == []
+    store.delete(a.id)
+    assert store.get(a.id) is None and store.get_meta("last_conversation") == str(a.id)
+    store.close()
+
+
+# -- settings ---------------------------------------------------------------------------------------
+
+
+def test_settings_round_trip_and_engine_mapping(tmp_path) -> None:
+    s = AppSettings(speculative=True, draft_source="model", n_max=5, temperature=0.7, seed=3, n_threads=2)
+    s.write(tmp_path)
+    assert AppSettings.read(tmp_path) == s
+    gs = s.generation(has_draft=True)
+    assert (gs.mode, gs.n_max, gs.sampling.temperature, gs.sampling.seed) == ("speculative", 5, 0.7, 3)
+    assert s.generation(has_draft=False).mode == "auto"
+    assert AppSettings(speculative=False).generation().mode == "plain"
+    assert AppSettings(draft_source="lookup").generation().mode == "lookup"
+    assert AppSettings(seed=-1).generation().sampling.seed is None
+    ls = s.load("t.gguf", None)
+    assert (ls.n_threads, ls.draft) == (2, None)
+    assert s.needs_reload(AppSettings(n_ctx=8192)) and not s.needs_reload(AppSettings(n_threads=2, n_max=3))
+
+
+def test_settings_ignore_a_broken_file(tmp_path) -> None:
+    (tmp_path / "settings.json").write_text('{"n_max": "many", "top_k": 40, "draft_source": "x"')
+    assert AppSettings.read(tmp_path) == AppSettings()
+    (tmp_path / "settings.json").write_text('{"n_max": "many", "top_k": 40, "draft_source": "x", "p_min": 1}')
+    s = AppSettings.read(tmp_path)
+    assert (s.n_max, s.top_k, s.draft_source, s.p_min) == (8, 40, "auto", 1.0)
+
+
+# -- markdown ---------------------------------------------------------------------------------------
+
+REPLY = """# Plan
+
+Some **bold** text and `inline` code.
+
+```python
+def add(a, b):
+    return a + b
+```
+
+| a | b |
+|---|---|
+| 1 | 2 |
+"""
+
+
+def test_markdown_segments_and_html() -> None:
+    segs = split_segments(REPLY)
+    assert [s.kind for s in segs] == ["prose", "code", "prose"]
+    assert segs[1] == Segment("code", "def add(a, b):\n    return a + b", "python", True)
+    html = render_prose(segs[0].text)
+    assert "<h1>Plan</h1>" in html and "<strong>bold</strong>" in html and "inline</code>" in html
+    assert "<table" in render_prose(segs[2].text)
+    code = render_code(segs[1].text, "python")
+    assert code.startswith("<pre") and "<span" in code and "def" in code
+    assert "&lt;script&gt;" in render_prose("<script>alert(1)</script>")  # raw HTML is shown as text
+
+
+def test_streaming_segments_are_stable_prefixes() -> None:
+    """While a reply streams, segments before the last never change (so their widgets are reused)."""
+    long = ("A paragraph of prose that goes on. " * 12 + "\n\n") * 6 + REPLY
+    prev: list[Segment] = []
+    for end in range(1, len(long) + 1, 7):
+        segs = split_segments(long[:end])
+        if prev and segs:
+            for a, b in zip(prev[:-1], segs, strict=False):
+                assert a == b, (end, a, b)
+        prev = segs
+    assert len(split_segments(long)) > 4  # long prose is chunked
+
+
+def test_unclosed_fence_streams_as_code() -> None:
+    segs = split_segments("Intro\n```py\nx = 1\n``")
+    assert segs[-1] == Segment("code", "x = 1", "py", False)
+
+
+def test_draft_html_tints_spans() -> None:
+    html = draft_html("abcdef<", [(1, 3)])
+    assert html.count("<span") == 1 and ">bc</span>" in html and "&lt;" in html
+
+
+# -- metrics ----------------------------------------------------------------------------------------
+
+
+def test_meter_figures_and_draft_spans() -> None:
+    m = ReplyMeter(t_sent=0.0)
+    m.add(step("abcd", (True, True, True, False), 0.02), now=0.5)
+    m.add(step("xy", (False,), 0.01, k=0, reason=PAUSED), now=0.6)
+    assert m.ttft == 0.5 and m.n_tokens == 5 and m.rounds == 2
+    assert m.acceptance == 3 / 4
+    assert m.draft_spans == [(0, 3)]  # 3 of 4 tokens drafted: the first 3/4 of "abcd"
+    assert m.tokens_per_second == pytest.approx(5 / 0.03)
+    assert m.paused
+    assert m.speedup(0.01) == pytest.approx(5 / 0.03 * 0.01)
+    assert draft_share(step("", (True,))) == 0
+    rolling = Rolling()
+    rolling.add(m)
+    assert rolling.acceptance() == 0.75
+
+
+def test_plain_cost_needs_plain_rounds() -> None:
+    pc = PlainCost()
+    pc.observe([step("a", (True, False), 0.05)])
+    assert pc.value is None
+    pc.observe([step("a", (False,), t, k=0) for t in (0.01, 0.02, 0.03)])
+    assert pc.value == 0.02
+
+
+# -- composer ---------------------------------------------------------------------------------------
+
+
+def test_enter_sends_and_shift_enter_adds_a_line(qtbot) -> None:
+    box = Composer()
+    qtbot.addWidget(box)
+    sent: list[str] = []
+    box.submitted.connect(lambda: sent.append(box.toPlainText()))
+    qtbot.keyClicks(box, "first")
+    qtbot.keyClick(box, Qt.Key.Key_Return, Qt.KeyboardModifier.ShiftModifier)
+    qtbot.keyClicks(box, "second")
+    assert box.toPlainText() == "first\nsecond" and sent == []
+    qtbot.keyClick(box, Qt.Key.Key_Return)
+    assert sent == ["first\nsecond"]
+    qtbot.keyClick(box, Qt.Key.Key_Enter)  # the keypad's Enter too
+    assert len(sent) == 2
