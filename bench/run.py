@@ -60,6 +60,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-rss", action="store_true", help="skip the peak-RSS measurement (two extra processes)"
     )
+    p.add_argument(
+        "--llama-cpp",
+        type=Path,
+        default=None,
+        metavar="BIN_DIR",
+        help="also run llama.cpp's llama-speculative-simple from BIN_DIR at n_max 3 and 5 on the same "
+        "prompts (interleaved with the other modes), for comparison",
+    )
 
 
 def load_prompts(path: Path, limit: int = 0, categories: str = "") -> list[dict[str, str]]:
@@ -117,10 +125,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         for i, row in enumerate(prompts):
             ids = engine.chat_prompt([{"role": "user", "content": row["prompt"]}])
-            order = modes[i % len(modes) :] + modes[: i % len(modes)]
+            order: list[Any] = [*modes, *(LCPP_MODES if args.llama_cpp else [])]
+            order = order[i % len(order) :] + order[: i % len(order)]
             plain_tokens = None
             runs = {}
             for m in order:
+                if isinstance(m, str):  # llama.cpp's own speculative example on the same prompt text
+                    text = engine.template.render([{"role": "user", "content": row["prompt"]}])
+                    runs[m] = run_llama_cpp(args.llama_cpp, args, text, LCPP_MODES[m])
+                    continue
                 engine.reset()
                 gs = GenerationSettings(
                     mode=m.mode, max_tokens=args.max_tokens, n_max=m.n_max, adaptive=m.adaptive
@@ -144,8 +157,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if m.name == "plain":
                     plain_tokens = list(fin.tokens)
             for name, r in runs.items():
-                r["same_as_plain"] = None if plain_tokens is None else r["tokens"] == plain_tokens
-                if plain_tokens is not None and not r["same_as_plain"]:
+                comparable = plain_tokens is not None and name not in LCPP_MODES
+                r["same_as_plain"] = r["tokens"] == plain_tokens if comparable else None
+                if comparable and not r["same_as_plain"]:
                     r["first_difference"] = next(
                         (
                             j
@@ -155,9 +169,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         min(len(plain_tokens), len(r["tokens"])),
                     )
                 results.append({"id": row["id"], "category": row["category"], "mode": name, **r})
-            line = "  ".join(
-                f"{n}={runs[n]['stats']['decode_tokens_per_second']:.1f}" for n in (m.name for m in modes)
-            )
+            line = "  ".join(f"{n}={r['stats']['decode_tokens_per_second']:.1f}" for n, r in runs.items())
             print(f"[{i + 1}/{len(prompts)}] {row['id']} {row['category']}: {line} tok/s", file=sys.stderr)
     finally:
         engine.close()
@@ -169,13 +181,45 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "max_tokens": args.max_tokens,
             "ctx": args.ctx,
             "threads": args.threads or os.cpu_count(),
-            "modes": [m.name for m in modes],
+            "modes": [m.name for m in modes] + (list(LCPP_MODES) if args.llama_cpp else []),
             "temperature": 0.0,
             "prompts": str(args.prompts),
             "load_seconds": round(t_load, 2),
         },
         "runs": results,
     }
+
+
+LCPP_MODES = {"lcpp-spec3": 3, "lcpp-spec5": 5}
+_FLOAT = r"([0-9.]+)"
+
+
+def run_llama_cpp(bin_dir: Path, args: argparse.Namespace, prompt_text: str, n_max: int) -> dict[str, Any]:
+    """One run of llama.cpp's own ``llama-speculative-simple`` (greedy, same threads and context)."""
+    import re
+
+    exe = bin_dir / "llama-speculative-simple"
+    cmd = [
+        str(exe), "-m", args.target, "-md", args.draft, "--spec-type", "draft-simple",
+        "--spec-draft-n-max", str(n_max), "--spec-draft-n-min", "0", "-n", str(args.max_tokens),
+        "--temp", "0", "-c", str(args.ctx), "-t", str(args.threads or os.cpu_count()), "-p", prompt_text,
+    ]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    out = res.stdout + res.stderr
+    dec = re.search(rf"decoded\s+(\d+) tokens in\s+{_FLOAT} seconds, speed:\s+{_FLOAT} t/s", out)
+    drafted = re.search(r"n_drafted = (\d+)", out)
+    accepted = re.search(r"n_accept\s+= (\d+)", out)
+    if res.returncode != 0 or not dec:
+        raise RuntimeError(f"llama-speculative-simple failed ({res.returncode}): {out[-500:]}")
+    n, t = int(dec.group(1)), float(dec.group(2))
+    nd, na = int(drafted.group(1)) if drafted else 0, int(accepted.group(1)) if accepted else 0
+    return {
+        "stats": {
+            "n_generated": n, "t_decode_s": t, "decode_tokens_per_second": n / t if t else 0.0,
+            "n_drafted": nd, "n_accepted": na, "rounds_drafted": 0, "t_llama_s": t,
+        },
+        "tokens": [], "finish": "", "mean_k": float(n_max), "drafters": {"llama.cpp": 1},
+    }  # fmt: skip
 
 
 def _count(items):
@@ -207,6 +251,7 @@ def summarize(data: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
             "mean_k": sum(r["mean_k"] for r in rs) / len(rs),
             "python_share": 1 - llama / wall if wall else 0.0,
             "lossless": sum(bool(r["same_as_plain"]) for r in rs if r["same_as_plain"] is not None),
+            "compared": sum(r["same_as_plain"] is not None for r in rs),
             "n": len(rs),
         }
     for modes in out.values():
@@ -227,7 +272,7 @@ def print_tables(summary: dict[str, dict[str, dict[str, float]]], modes: list[st
             v = summary[cat].get(m)
             if not v:
                 continue
-            same = f"{int(v['lossless'])}/{v['n']}" if m != "plain" else ""
+            same = f"{int(v['lossless'])}/{int(v['compared'])}" if v["compared"] and m != "plain" else ""
             print(
                 f"{cat:<11}{m:<9}{v['tok_s']:>7.2f}{v['speedup']:>8.2f}x{v['acceptance']:>8.0%}"
                 f"{v['mean_accepted']:>8.2f}{v['mean_k']:>7.2f}{v['python_share'] * 100:>6.1f}{same:>7}"
