@@ -1,0 +1,192 @@
+"""``tandem --self-test``: prove on this machine that the engine process starts, loads and decodes losslessly.
+
+Loads a tiny real target + draft pair through the real :class:`~app.engine.client.EngineClient` (so the
+engine's ``spawn`` child process must start: in a frozen app that needs ``multiprocessing.freeze_support``
+in the entry point), generates greedily in plain and in speculative mode on a few prompts, and checks the
+speculative reply is the plain reply token for token. Prints load time, tokens/s per mode, acceptance and
+the backend/devices llama.cpp reports. Exit code 0 on success, 1 on a failed check, 2 when the engine
+could not start or load.
+
+The tiny models come from ``resources/selftest/`` (written at build time into the packaged app, see
+``packaging/build.sh``); a development checkout without them generates them into a temporary directory
+with :func:`app.tiny_gguf.write_tiny_pair` (milliseconds). No Qt is imported: the self-test runs headless.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from app import __version__
+
+TARGET_NAME = "tiny-target.gguf"
+DRAFT_NAME = "tiny-draft.gguf"
+
+PROMPTS: tuple[str, ...] = (
+    "The quick brown fox",
+    "def fibonacci(n):\n",
+    "Speculative decoding lets a small draft model",
+)
+MAX_TOKENS = 48
+
+
+def bundled_models_dir() -> Path:
+    """Where a packaged app keeps the self-test models (``resources/selftest`` in the app or checkout)."""
+    if getattr(sys, "frozen", False):
+        base = Path(getattr(sys, "_MEIPASS", Path(sys.executable).parent))
+    else:
+        base = Path(__file__).resolve().parent.parent
+    return base / "resources" / "selftest"
+
+
+def find_models(tmp_dir: Path | None = None) -> tuple[Path, Path, str]:
+    """(target, draft, where): the bundled pair if present, else a pair generated into ``tmp_dir``."""
+    bundled = bundled_models_dir()
+    target, draft = bundled / TARGET_NAME, bundled / DRAFT_NAME
+    if target.is_file() and draft.is_file():
+        return target, draft, f"bundled ({bundled})"
+    if tmp_dir is None:
+        raise FileNotFoundError(f"self-test models not found in {bundled}")
+    from app.tiny_gguf import write_tiny_pair
+
+    target, draft = write_tiny_pair(tmp_dir)
+    return target, draft, f"generated ({tmp_dir})"
+
+
+def _describe_devices(info: dict[str, Any]) -> str:
+    devs = info.get("devices") or []
+    if not devs:
+        return "none reported"
+    return "; ".join(
+        f"{d.get('name', '?')} [{d.get('kind', '?')}] {d.get('description', '')}".strip() for d in devs
+    )
+
+
+def run_self_test(
+    out: TextIO | None = None, prompts: Sequence[str] = PROMPTS, max_tokens: int = MAX_TOKENS
+) -> int:
+    """Run the self-test, printing figures to ``out`` (default stdout). Returns the process exit code."""
+    out = out if out is not None else sys.stdout
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")  # harmless; no Qt is imported here
+
+    def say(line: str = "") -> None:
+        print(line, file=out, flush=True)
+
+    say(
+        f"tandem {__version__} self-test: Python {platform.python_version()}, "
+        f"{platform.system()} {platform.machine()}, frozen={bool(getattr(sys, 'frozen', False))}"
+    )
+    t0 = time.perf_counter()
+    try:
+        from app.engine.client import EngineClient
+        from app.engine.events import Finished
+        from app.engine.settings import GenerationSettings, LoadSettings
+    except Exception as e:  # a broken bundle: a module left out
+        say(f"self-test FAILED: cannot import the engine: {type(e).__name__}: {e}")
+        return 2
+
+    with tempfile.TemporaryDirectory(prefix="tandem-selftest-") as tmp:
+        try:
+            target, draft, where = find_models(Path(tmp))
+        except Exception as e:
+            say(f"self-test FAILED: no self-test models: {type(e).__name__}: {e}")
+            return 2
+        say(f"models: {where}")
+
+        client = EngineClient(start_timeout=60.0)
+        try:
+            try:
+                t_start = time.perf_counter()
+                client.start()
+                t_started = time.perf_counter()
+                client.load(
+                    LoadSettings(
+                        target=str(target), draft=str(draft), n_ctx=512, n_threads=1, n_threads_draft=1
+                    )
+                )
+                t_loaded = time.perf_counter()
+                info = client.info()
+            except Exception as e:
+                say(f"self-test FAILED: the engine did not start or load: {type(e).__name__}: {e}")
+                log_path = client.log_path
+                if log_path:
+                    say(f"engine log: {log_path}")
+                return 2
+            say(
+                f"engine process: started in {t_started - t_start:.2f} s (pid {client.pid}), "
+                f"models loaded in {t_loaded - t_started:.2f} s"
+            )
+            say(f"backend: {info.get('backend', '?')}")
+            say(f"devices: {_describe_devices(info)}")
+
+            totals = {
+                m: {"tokens": 0, "seconds": 0.0, "drafted": 0, "accepted": 0}
+                for m in ("plain", "speculative")
+            }
+            failures: list[str] = []
+            for i, text in enumerate(prompts, 1):
+                prompt = client.tokenize(text)
+                replies: dict[str, Finished] = {}
+                for mode in ("plain", "speculative"):
+                    settings = GenerationSettings(mode=mode, max_tokens=max_tokens, n_max=4, n_min=1)
+                    finished = None
+                    for event in client.generate(prompt=prompt, settings=settings):
+                        if isinstance(event, Finished):
+                            finished = event
+                    if finished is None:
+                        failures.append(f"prompt {i} {mode}: no Finished event")
+                        continue
+                    replies[mode] = finished
+                    s = finished.stats
+                    t = totals[mode]
+                    t["tokens"] += s.n_generated
+                    t["seconds"] += s.t_decode_s
+                    t["drafted"] += s.n_drafted
+                    t["accepted"] += s.n_accepted
+                if len(replies) < 2:
+                    continue
+                plain, spec = replies["plain"].tokens, replies["speculative"].tokens
+                same = plain == spec
+                say(
+                    f"prompt {i}: {len(plain)} tokens, speculative == plain: {'yes' if same else 'NO'}; "
+                    f"acceptance {replies['speculative'].stats.acceptance_rate:.0%}"
+                )
+                if not same:
+                    first = next(
+                        (j for j, (a, b) in enumerate(zip(plain, spec, strict=False)) if a != b),
+                        min(len(plain), len(spec)),
+                    )
+                    failures.append(f"prompt {i}: speculative differs from plain at token {first}")
+                if not plain:
+                    failures.append(f"prompt {i}: no tokens generated")
+            for mode, t in totals.items():
+                tps = t["tokens"] / t["seconds"] if t["seconds"] > 0 else 0.0
+                extra = ""
+                if mode == "speculative":
+                    rate = t["accepted"] / t["drafted"] if t["drafted"] else 0.0
+                    extra = f", acceptance {rate:.0%} ({t['accepted']}/{t['drafted']})"
+                say(f"{mode:>11}: {t['tokens']} tokens, {tps:.0f} tok/s{extra}")
+            if totals["speculative"]["drafted"] == 0:
+                failures.append("speculative mode drafted nothing")
+        except Exception as e:
+            say(f"self-test FAILED: {type(e).__name__}: {e}")
+            return 2
+        finally:
+            client.shutdown()
+
+    if failures:
+        for f in failures:
+            say(f"self-test FAILED: {f}")
+        return 1
+    say(f"self-test passed in {time.perf_counter() - t0:.2f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_self_test())
