@@ -98,17 +98,18 @@ class Device:
 
 
 def _ggml_lib() -> ctypes.CDLL | None:
+    """The ggml library llama.cpp already uses (its soname first: a wheel may hold a second copy of
+    the file under the unversioned name, and opening that would load a separate ggml instance)."""
     lib_dir = Path(llama_cpp.__file__).parent / "lib"
-    for stem in ("libggml", "ggml", "libggml-base"):
-        for suffix in (".so", ".dylib", ".dll"):
-            path = lib_dir / f"{stem}{suffix}"
-            if path.exists():
-                try:
-                    lib = ctypes.CDLL(str(path))
-                    lib.ggml_backend_dev_count  # noqa: B018 -- probe the symbol
-                    return lib
-                except (OSError, AttributeError):
-                    continue
+    for name in ("libggml.so.0", "libggml.so", "libggml.0.dylib", "libggml.dylib", "ggml.dll"):
+        path = lib_dir / name
+        if path.exists():
+            try:
+                lib = ctypes.CDLL(str(path))
+                lib.ggml_backend_dev_count  # noqa: B018 -- probe the symbol
+                return lib
+            except (OSError, AttributeError):
+                continue
     return None
 
 
