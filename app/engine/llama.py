@@ -348,6 +348,17 @@ class Model:
         self.close()
 
 
+def default_threads() -> int:
+    """Physical cores: decoding is memory-bound, and hyper-threads only add contention."""
+    try:
+        import psutil
+
+        n = psutil.cpu_count(logical=False)
+    except Exception:  # psutil missing or the platform cannot say
+        n = None
+    return max(1, n or os.cpu_count() or 2)
+
+
 # --------------------------------------------------------------------------------------------------
 # Context
 # --------------------------------------------------------------------------------------------------
@@ -367,7 +378,7 @@ class Context:
         flash_attn: bool | None = None,
     ):
         self.model = model
-        threads = n_threads or max(1, (os.cpu_count() or 2))
+        threads = n_threads or default_threads()
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = int(n_ctx)
         params.n_batch = int(n_batch)
