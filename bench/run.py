@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PROMPTS = REPO.parent / "shared" / "bench" / "prompts.jsonl"
 
@@ -171,7 +169,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         min(len(plain_tokens), len(r["tokens"])),
                     )
                     j = r["first_difference"]
-                    r["top2_gap_at_difference"] = top2_gap(engine, ids + plain_tokens[:j])
+                    r["top2_gap_at_difference"] = engine.top2_gap(ids + plain_tokens[:j])
                 results.append({"id": row["id"], "category": row["category"], "mode": name, **r})
             line = "  ".join(f"{n}={r['stats']['decode_tokens_per_second']:.1f}" for n, r in runs.items())
             print(f"[{i + 1}/{len(prompts)}] {row['id']} {row['category']}: {line} tok/s", file=sys.stderr)
@@ -225,23 +223,6 @@ def run_llama_cpp(bin_dir: Path, args: argparse.Namespace, prompt_text: str, n_m
         },
         "tokens": [], "finish": "", "mean_k": float(n_max), "drafters": {"llama.cpp": 1},
     }  # fmt: skip
-
-
-def top2_gap(engine: Any, context: list[int]) -> float:
-    """The target's top-1 minus top-2 logit after ``context``, evaluated from scratch in one batch.
-
-    Batched and single-token evaluation differ slightly with quantized weights (about 0.1-0.2 in a
-    logit with Q4_K on a CPU), so greedy outputs can differ only where this gap is that small: a tie.
-    """
-    from app.engine.llama import Context
-
-    ctx = Context(engine.target, n_ctx=len(context) + 8, n_threads=engine.settings.n_threads)
-    try:
-        ctx.decode(context, 0, logits="last")
-        top = np.sort(ctx.logits(-1).astype(np.float64))[-2:]
-        return float(top[1] - top[0])
-    finally:
-        ctx.close()
 
 
 def _count(items):

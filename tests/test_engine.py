@@ -43,17 +43,6 @@ def settings(mode: str, **kw) -> GenerationSettings:
     return GenerationSettings(mode=mode, max_tokens=kw.pop("max_tokens", N_TOKENS), **kw)
 
 
-def top2_gap(engine: Engine, context: list[int]) -> float:
-    """Gap between the target's two best logits after ``context``, evaluated from scratch."""
-    ctx = Context(engine.target, n_ctx=512, n_threads=2)
-    try:
-        ctx.decode(context, 0, logits="last")
-        top = np.sort(ctx.logits(-1).astype(np.float64))[-2:]
-        return float(top[1] - top[0])
-    finally:
-        ctx.close()
-
-
 def assert_same_or_tie(
     engine: Engine, prompt: list[int], want: tuple[int, ...], got: tuple[int, ...]
 ) -> bool:
@@ -61,7 +50,7 @@ def assert_same_or_tie(
     if want == got:
         return True
     i = next((j for j, (a, b) in enumerate(zip(want, got, strict=False)) if a != b), min(len(want), len(got)))
-    gap = top2_gap(engine, prompt + list(want[:i]))
+    gap = engine.top2_gap(prompt + list(want[:i]))
     assert gap < TIE_TOLERANCE, (
         f"outputs differ at token {i} but the target's top-2 logits differ by {gap:.4f}: not a tie\n"
         f"plain: {want}\nspec:  {got}"

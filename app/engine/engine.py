@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
+import numpy as np
+
 from app.engine import compat
 from app.engine.auto import AutoDrafter, CostModel, MeasuredCosts
 from app.engine.chat import ChatTemplate, Message
@@ -198,6 +200,20 @@ class Engine:
             )
         finally:
             self._lock.release()
+
+    def top2_gap(self, context: Sequence[int]) -> float:
+        """The target's best minus second-best logit after ``context``, evaluated from scratch.
+
+        Batched and single-token evaluation are not bit-identical with quantized weights (about 0.1-0.2
+        in a logit with Q4_K on a CPU), so two greedy runs can part only where this gap is that small.
+        """
+        ctx = Context(self.target, n_ctx=len(context) + 8, n_threads=self._target_ctx.n_threads)
+        try:
+            ctx.decode(context, 0, logits="last")
+            top = np.sort(ctx.logits(-1).astype(np.float64))[-2:]
+            return float(top[1] - top[0])
+        finally:
+            ctx.close()
 
     def reset(self) -> None:
         """Forget all cached context: the next request evaluates its whole prompt."""

@@ -22,7 +22,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True)
     p.add_argument("--draft")
-    p.add_argument("--prompt", default="Write a Python function that checks whether a string is a palindrome.")
+    p.add_argument(
+        "--prompt", default="Write a Python function that checks whether a string is a palindrome."
+    )
     p.add_argument("--mode", default="auto", choices=("auto", "model", "lookup"))
     p.add_argument("--max-tokens", type=int, default=160)
     p.add_argument("--out", type=Path, default=HERE)
