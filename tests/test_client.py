@@ -261,3 +261,19 @@ def test_the_client_side_never_loads_llama_cpp() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_ui_never_loads_llama_cpp() -> None:
+    """The app's window process imports no llama.cpp: only the engine process does."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import app.ui.app, app.ui.main_window, app.ui.models_panel; "
+        "print('llama_cpp' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+        env={**__import__("os").environ, "QT_QPA_PLATFORM": "offscreen"},
+    )  # fmt: skip
+    assert out.stdout.strip() == "False"

@@ -11,13 +11,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from app.engine import sampling
-from app.engine.llama import Context
 from app.engine.sampling import SamplingParams
+
+if TYPE_CHECKING:  # the UI imports auto mode's wording through here: keep llama.cpp out of it
+    from app.engine.llama import Context
 
 
 @dataclass(frozen=True, slots=True)

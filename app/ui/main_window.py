@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import logging
 import time
 from dataclasses import replace
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from PySide6.QtCore import QByteArray, Qt, QTimer, Signal, Slot
+from PySide6.QtCore import QByteArray, Qt, QTimer, Signal, Slot, qVersion
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import (
     QFileDialog,
@@ -33,9 +34,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app import __version__
 from app.engine.client import EngineClient
-from app.engine.engine import LoadSettings
 from app.engine.events import Finished, Started, Step
+from app.engine.settings import LoadSettings
 from app.ui.chat_view import ChatView, MessageWidget
 from app.ui.composer import Composer
 from app.ui.gauges import GaugesPanel
@@ -233,6 +235,8 @@ class MainWindow(QMainWindow):
         self.highlight_action.setCheckable(True)
         self.highlight_action.toggled.connect(self.set_highlight)
         self.panels_menu = view_menu
+        help_menu = menu.addMenu("&Help")
+        self.about_action = self._action(help_menu, "&About Tandem", self.show_about)
 
         # status bar
         bar = self.statusBar()
@@ -804,6 +808,25 @@ class MainWindow(QMainWindow):
         if sizes:
             self.splitter.setSizes([int(x) for x in sizes.split(",") if x.isdigit()])
 
+    def about_text(self) -> str:
+        """The About box's text: version, engine backend, where the licences are."""
+        backend = _backend_text(self.info) if self.info else "no model loaded"
+        return (
+            f"<h3>Tandem {__version__}</h3>"
+            "<p>Local LLMs that answer faster with exactly the same words: lossless speculative "
+            "decoding over llama.cpp.</p>"
+            f"<p>Engine: llama.cpp through llama-cpp-python {_package_version('llama-cpp-python')}; "
+            f"{_esc(backend)}<br>"
+            f"Qt {qVersion()} (PySide6)</p>"
+            "<p>Licences of the bundled components are in <code>resources/licenses</code>.</p>"
+        )
+
+    def show_about(self) -> QMessageBox:
+        box = QMessageBox(QMessageBox.Icon.NoIcon, "About Tandem", self.about_text(), parent=self)
+        box.setTextFormat(Qt.TextFormat.RichText)
+        box.open()
+        return box
+
     def closeEvent(self, event: QCloseEvent) -> None:
         self.shutdown()
         super().closeEvent(event)
@@ -821,6 +844,13 @@ class MainWindow(QMainWindow):
         self.worker.shutdown()
         self.store.close()
         self._gc.stop()
+
+
+def _package_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:  # e.g. a frozen app without dist-info
+        return "(version unknown)"
 
 
 def _spans(stats: dict[str, Any]) -> list[tuple[int, int]]:

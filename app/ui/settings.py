@@ -8,8 +8,8 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from app.engine.engine import GenerationSettings, LoadSettings
 from app.engine.sampling import SamplingParams
+from app.engine.settings import GenerationSettings, LoadSettings
 
 log = logging.getLogger("tandem.ui")
 

@@ -21,8 +21,8 @@ from typing import Any
 from PySide6.QtCore import QObject, Qt, Signal, Slot
 
 from app.engine.client import EngineClient, EngineCrashedError
-from app.engine.engine import GenerationSettings, LoadSettings
 from app.engine.events import Finished, Started, Step
+from app.engine.settings import GenerationSettings, LoadSettings
 
 log = logging.getLogger("tandem.ui")
 
