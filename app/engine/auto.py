@@ -203,6 +203,28 @@ class Outcome:
     n_accepted: int
     batch: int
     t_verify: float
+    t_round: float = 0.0  # the whole round so far: drafting, verification and its Python
+
+
+class _Realized:
+    """Tokens per second that recent rounds of one kind actually delivered (pooled, not averaged)."""
+
+    __slots__ = ("rounds",)
+
+    def __init__(self, size: int):
+        self.rounds: deque[tuple[int, float]] = deque(maxlen=size)
+
+    def add(self, tokens: int, seconds: float) -> None:
+        if seconds > 0:
+            self.rounds.append((tokens, seconds))
+
+    @property
+    def n(self) -> int:
+        return len(self.rounds)
+
+    def rate(self) -> float:
+        seconds = sum(s for _, s in self.rounds)
+        return sum(n for n, _ in self.rounds) / seconds if seconds else 0.0
 
 
 class AutoDrafter:
@@ -244,6 +266,12 @@ class AutoDrafter:
         self._optimistic = Acceptance(n_max, prior=optimistic, weight=1e12)
         self._sync_cost = _Window(15)
         self._elapsed = 0.0  # estimated seconds of decoding since the draft model last ran
+        # What rounds really delivered, by kind: the cost model predicts, this checks. A drafter whose
+        # recent rounds gave fewer tokens/s than plain rounds is paused whatever the model predicts
+        # (costs it does not see: logits rows, cache effects, a busy machine).
+        self._realized = {"none": _Realized(16), "model": _Realized(6), "lookup": _Realized(6)}
+        self._lookup_skip = 0
+        self._lookup_every = 1
 
     def begin(self, prompt: Sequence[int]) -> float:
         t = self.lookup.begin(prompt)
@@ -281,6 +309,15 @@ class AutoDrafter:
         found = self.lookup.propose(tokens, limit, params, rng)
         if found.tokens:
             plan = best_length(self.acc["lookup"], self.costs, 0.0, len(found.tokens), self.margin)
+            if plan.k > 0 and self._losing("lookup"):  # try again only now and then, with back-off
+                self._lookup_skip += 1
+                if self._lookup_skip < self._lookup_every:
+                    plan = Plan(0, plan.rate, plan.plain_rate)
+                else:
+                    self._lookup_skip = 0
+                    self._lookup_every = min(64, self._lookup_every * 2)
+            elif plan.k > 0:
+                self._lookup_every = 1
             if plan.k > 0:
                 n = plan.k
                 return replace(
@@ -305,6 +342,8 @@ class AutoDrafter:
                 f"draft model: {self.acc['model'].overall():.0%} acceptance, "
                 f"{plan.rate / plan.plain_rate:.2f}x expected"
             )
+            if plan.k > 0 and self._losing("model"):
+                plan = Plan(0, plan.rate, plan.plain_rate)
             if plan.k == 0:
                 if not self._probe_due(tokens, d, limit):
                     return Proposal((), (), (), "none", time.perf_counter() - t0, reason=PAUSED, planned=0)
@@ -318,6 +357,11 @@ class AutoDrafter:
         prop = self.model.propose(tokens, plan.k, params, rng, keep_going=self._continue_rule(plan))
         return replace(prop, planned=plan.k, reason=reason, t=time.perf_counter() - t0)
 
+    def _losing(self, source: str) -> bool:
+        """Recent rounds drafted by ``source`` delivered fewer tokens/s than plain rounds did."""
+        mine, plain = self._realized[source], self._realized["none"]
+        return mine.n >= 3 and plain.n >= 3 and mine.rate() < plain.rate()
+
     def _probe_due(self, tokens: Sequence[int], draft_cost: float, limit: int) -> bool:
         if self.model is None or self._since_model < self._probe_interval:
             return False
@@ -330,6 +374,9 @@ class AutoDrafter:
     def observe(self, proposal: Proposal, outcome: Outcome) -> None:
         self.costs.observe_verify(outcome.batch, outcome.t_verify)
         self._elapsed += self.costs.verify(outcome.batch) or outcome.t_verify
+        kind = proposal.source if proposal.tokens else "none"
+        if kind in self._realized:
+            self._realized[kind].add(outcome.n_accepted + 1, outcome.t_round)
         if outcome.batch == 1:
             self._since_plain = 0
         if proposal.source == "model" and proposal.n_steps:

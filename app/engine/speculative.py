@@ -165,6 +165,7 @@ def generate(
                         n_accepted,
                         1 + len(proposal.tokens),
                         t_llama_verify,
+                        time.perf_counter() - t0,
                     ),
                 )
             t_verify = time.perf_counter() - t1
