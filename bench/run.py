@@ -287,6 +287,36 @@ def print_tables(summary: dict[str, dict[str, dict[str, float]]], modes: list[st
         print()
 
 
+def markdown_tables(summary: dict[str, dict[str, dict[str, float]]], modes: list[str]) -> str:
+    """Two Markdown tables for README: speedup vs plain by category and mode, and the details."""
+    cats = [*sorted(c for c in summary if c != "all"), "all"]
+    head = "| category | plain tok/s | " + " | ".join(m for m in modes if m != "plain") + " |"
+    lines = [head, "|" + "---|" * (len(modes) + 1)]
+    for cat in cats:
+        row = summary[cat]
+        cells = [f"{row['plain']['tok_s']:.2f}" if "plain" in row else "-"]
+        for m in modes:
+            if m != "plain":
+                cells.append(f"{row[m]['speedup']:.2f}x" if m in row else "-")
+        lines.append(f"| {cat} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "| mode (all prompts) | tok/s | speedup | acceptance | accepted/round | mean k | Python share "
+        "| same as plain + ties / runs |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for m in modes:
+        v = summary["all"].get(m)
+        if not v:
+            continue
+        same = f"{int(v['lossless'])} + {int(v['ties'])} / {int(v['compared'])}" if v["compared"] else "-"
+        lines.append(
+            f"| {m} | {v['tok_s']:.2f} | {v['speedup']:.2f}x | {v['acceptance']:.0%} "
+            f"| {v['mean_accepted']:.2f} | {v['mean_k']:.2f} | {v['python_share'] * 100:.1f}% | {same} |"
+        )
+    return "\n".join(lines)
+
+
 def peak_rss(args: argparse.Namespace) -> dict[str, float]:
     """Peak RSS (MB) of a process that loads the target alone and generates plainly, and of one
     that loads the pair and generates speculatively (n_max 5), on the first prompt."""
@@ -347,6 +377,7 @@ def main(args: argparse.Namespace) -> int:
     data["summary"] = summarize(data)
     modes = data["settings"]["modes"]
     print_tables(data["summary"], modes)
+    print(markdown_tables(data["summary"], modes))
     if not args.no_rss:
         data["peak_rss_mb"] = peak_rss(args)
         print("peak RSS (MB):", json.dumps({k: round(v) for k, v in data["peak_rss_mb"].items()}))
