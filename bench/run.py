@@ -309,7 +309,11 @@ def markdown_tables(summary: dict[str, dict[str, dict[str, float]]], modes: list
         v = summary["all"].get(m)
         if not v:
             continue
-        same = f"{int(v['lossless'])} + {int(v['ties'])} / {int(v['compared'])}" if v["compared"] else "-"
+        same = (
+            f"{int(v['lossless'])} + {int(v['ties'])} / {int(v['compared'])}"
+            if v["compared"] and m != "plain"
+            else "-"
+        )
         lines.append(
             f"| {m} | {v['tok_s']:.2f} | {v['speedup']:.2f}x | {v['acceptance']:.0%} "
             f"| {v['mean_accepted']:.2f} | {v['mean_k']:.2f} | {v['python_share'] * 100:.1f}% | {same} |"
