@@ -50,7 +50,7 @@ def headless(args: argparse.Namespace, target: str, draft: str | None) -> list[d
         gs = s.generation(has_draft=bool(draft))
         for _ in range(args.runs + 1):  # the first run warms up
             first = last = None
-            for ev in client.generate(messages=[{"role": "user", "content": PROMPT}], settings=gs):
+            for ev in client.generate(messages=[{"role": "user", "content": args.prompt}], settings=gs):
                 now = time.perf_counter()
                 if isinstance(ev, Step) and ev.tokens:
                     first = first or now
@@ -121,7 +121,7 @@ def in_app(args: argparse.Namespace, target: str, draft: str | None) -> list[dic
             gaps.clear()
             ticks[0] = time.perf_counter()
             timer.start()
-            w.composer.setPlainText(PROMPT)
+            w.composer.setPlainText(args.prompt)
             w.send()
             wait(w.replyFinished)
             timer.stop()
@@ -149,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=0, help="0 = llama.cpp's default")
     p.add_argument("--gpu-layers", type=int, default=0)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--prompt", default=PROMPT, help="the user message (a long reply measures best)")
     args = p.parse_args(argv)
     if args.target:
         target, draft = args.target, args.draft
