@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.engine.auto import PAUSED, Acceptance, MeasuredCosts, best_length
+from app.engine.auto import PAUSED, Acceptance, AutoDrafter, MeasuredCosts, best_length
 from app.engine.engine import Engine, GenerationSettings, LoadSettings
 from app.engine.events import Step
 
@@ -89,7 +89,7 @@ PROMPTS = ["def add(a, b):", "The quick brown fox", "One, two, three, one, two, 
 
 
 def steps(engine: Engine, prompt: str, **kw) -> list[Step]:
-    gs = GenerationSettings(mode="auto", max_tokens=48, **kw)
+    gs = GenerationSettings(mode="auto", **{"max_tokens": 48, **kw})
     return [e for e in engine.generate(engine.tokenize(prompt), gs) if isinstance(e, Step)]
 
 
@@ -112,15 +112,52 @@ def test_auto_with_expensive_verify_pauses_drafting_and_says_why(engines) -> Non
     assert not [s for s in st if s.drafter == "model"]
 
 
-def test_auto_probes_now_and_then_when_drafting_might_pay(tiny_pair) -> None:
-    """CPU-like costs: the draft model pays only at high acceptance; with a pessimistic start, auto
-    pauses and re-probes with back-off instead of giving up for good."""
-    with Engine(LoadSettings(str(tiny_pair.target), str(tiny_pair.draft), n_ctx=1024), costs=CPU_LIKE) as eng:
-        st = [s for _ in range(3) for p in PROMPTS for s in steps(eng, p, n_max=6)]
-    probes = [i for i, s in enumerate(st) if "probing" in s.reason]
-    assert probes, "auto mode should re-probe the draft model"
-    assert all(st[i].n_drafted <= 2 for i in probes)
-    assert sum(s.reason == PAUSED for s in st) > 3 * len(probes)
+class StaleDraft:
+    """Stands in for the draft model in probe decisions: how far behind the text it is."""
+
+    def __init__(self, pending: int):
+        self.n = pending
+
+    def pending(self, tokens) -> int:
+        return self.n
+
+
+def test_probes_only_when_finding_out_can_pay_for_the_catch_up() -> None:
+    from app.engine.drafters import LookupDrafter
+
+    maybe = SyntheticCosts(base=0.010, slope=0.0002, draft=0.0005)  # drafting would pay a lot...
+    auto = AutoDrafter(StaleDraft(20), LookupDrafter(), n_max=6, costs=maybe)  # type: ignore[arg-type]
+    auto._since_model = 10**6  # the back-off interval has passed
+    auto._remaining = 400
+    assert auto._probe_due([], maybe.draft_step(), 6)  # ...and the catch-up is cheap: probe
+    auto.model = StaleDraft(2000)  # type: ignore[assignment]
+    auto._remaining = 3
+    assert not auto._probe_due([], maybe.draft_step(), 6)  # a long catch-up for a short gain: wait
+    auto._remaining = 10**5
+    assert auto._probe_due([], maybe.draft_step(), 6)  # worth it when much of the reply is left
+    auto = AutoDrafter(StaleDraft(150), LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
+    auto._since_model = 10**6
+    auto._remaining = 96
+    # CPU-like: even a 95 %-accurate draft gains a few percent; catching up 150 tokens costs more
+    assert not auto._probe_due([], CPU_LIKE.draft_step(), 6)
+    auto._since_model = 0
+    assert not auto._probe_due([], CPU_LIKE.draft_step(), 6)  # never before the back-off interval
+    auto = AutoDrafter(StaleDraft(1), LookupDrafter(), n_max=6, costs=EXPENSIVE)  # type: ignore[arg-type]
+    auto._since_model, auto._remaining = 10**6, 10**6
+    assert not auto._probe_due([], EXPENSIVE.draft_step(), 6)  # cannot pay even at 95 % acceptance
+
+
+def test_auto_probes_a_paused_draft_in_a_long_reply(tiny_pair) -> None:
+    """GPU-like verify costs but a draft model that rarely helps: auto pauses it, then re-probes."""
+    poor = SyntheticCosts(base=0.010, slope=0.004, draft=0.004)
+    with Engine(LoadSettings(str(tiny_pair.target), str(tiny_pair.draft), n_ctx=2048), costs=poor) as eng:
+        eng._drafter(GenerationSettings(mode="auto", n_max=6)).acc["model"] = Acceptance(
+            6, prior=0.05, weight=50
+        )
+        st = steps(eng, PROMPTS[1], n_max=6, max_tokens=400)
+    probes = [s for s in st if "probing" in s.reason]
+    assert any(s.reason == PAUSED for s in st)
+    assert probes and all(s.n_drafted <= 2 for s in probes)
 
 
 @pytest.mark.parametrize("which", ["cheap", "expensive", "measured"])

@@ -243,7 +243,7 @@ class AutoDrafter:
         probe_every: int = 12,
         probe_max: int = 192,
         refresh_plain: int = 48,
-        probe_budget: float = 0.02,
+        probe_odds: float = 0.25,
         optimistic: float = 0.95,
     ):
         self.model = model
@@ -259,13 +259,14 @@ class AutoDrafter:
         self._probing = False
         self.refresh_plain = refresh_plain
         self._since_plain = 0
-        # A probe makes the draft catch up with everything it has not seen: allow it only when that
-        # costs at most ``probe_budget`` of the time since the draft model last ran, and only when
-        # drafting could pay at all, i.e. even at an ``optimistic`` acceptance rate.
-        self.probe_budget = probe_budget
+        # A probe makes the draft catch up with everything it has not seen. It is worth it only when
+        # drafting could pay at all (even at an ``optimistic`` acceptance rate), and when the catch-up
+        # costs less than what finding out could gain over the rest of this reply, discounted by the
+        # ``probe_odds`` that drafting turns out to pay.
+        self.probe_odds = probe_odds
+        self._remaining = 0  # tokens this reply may still produce
         self._optimistic = Acceptance(n_max, prior=optimistic, weight=1e12)
         self._sync_cost = _Window(15)
-        self._elapsed = 0.0  # estimated seconds of decoding since the draft model last ran
         # What rounds really delivered, by kind: the cost model predicts, this checks. A drafter whose
         # recent rounds gave fewer tokens/s than plain rounds is paused whatever the model predicts
         # (costs it does not see: logits rows, cache effects, a busy machine).
@@ -298,6 +299,7 @@ class AutoDrafter:
     def propose(
         self, tokens: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator
     ) -> Proposal:
+        self._remaining = k + 1
         limit = min(k, self.n_max)
         self._probing = False
         if limit <= 0:
@@ -353,7 +355,6 @@ class AutoDrafter:
         if plan.k == 0:
             return Proposal((), (), (), "none", time.perf_counter() - t0, reason=reason, planned=0)
         self._since_model = 0
-        self._elapsed = 0.0
         prop = self.model.propose(tokens, plan.k, params, rng, keep_going=self._continue_rule(plan))
         return replace(prop, planned=plan.k, reason=reason, t=time.perf_counter() - t0)
 
@@ -365,15 +366,16 @@ class AutoDrafter:
     def _probe_due(self, tokens: Sequence[int], draft_cost: float, limit: int) -> bool:
         if self.model is None or self._since_model < self._probe_interval:
             return False
-        if best_length(self._optimistic, self.costs, draft_cost, limit, self.margin).k == 0:
+        best = best_length(self._optimistic, self.costs, draft_cost, limit, self.margin)
+        if best.k == 0 or best.plain_rate <= 0:
             return False  # the draft model cannot pay on this machine even when it is nearly always right
         per_token = self._sync_cost.value if self._sync_cost.n else 0.35 * draft_cost
         catch_up = self.model.pending(tokens) * per_token
-        return catch_up <= self.probe_budget * self._elapsed
+        rest_of_reply = self._remaining / best.plain_rate  # seconds, decoding plainly
+        return catch_up <= self.probe_odds * (best.rate / best.plain_rate - 1) * rest_of_reply
 
     def observe(self, proposal: Proposal, outcome: Outcome) -> None:
         self.costs.observe_verify(outcome.batch, outcome.t_verify)
-        self._elapsed += self.costs.verify(outcome.batch) or outcome.t_verify
         kind = proposal.source if proposal.tokens else "none"
         if kind in self._realized:
             self._realized[kind].add(outcome.n_accepted + 1, outcome.t_round)

@@ -18,7 +18,7 @@ from app.engine.errors import EngineError, IncompatibleDraftError
 from app.engine.events import Finished, Started, Step
 from app.engine.gguf_meta import GGUFError
 from app.engine.llama import Context, Model, ModelLoadError, backend_name, check_model_file, devices
-from app.engine.policy import AdaptivePolicy, DraftPolicy, FixedPolicy, PlainPolicy
+from app.engine.policy import AdaptivePolicy, DraftPolicy, FixedPolicy, PassPolicy, PlainPolicy
 from app.engine.settings import MODES, GenerationSettings, LoadSettings
 from app.engine.speculative import TargetCache, generate
 
@@ -151,7 +151,7 @@ class Engine:
         if gs.mode == "plain":
             return PlainPolicy()
         if gs.mode == "auto":
-            return FixedPolicy(gs.n_max)  # the AutoDrafter chooses within this limit
+            return PassPolicy()  # the AutoDrafter chooses k (and sees how much of the reply is left)
         if gs.adaptive:
             return AdaptivePolicy(gs.n_min, gs.n_max)
         return FixedPolicy(gs.n_max)

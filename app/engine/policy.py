@@ -33,6 +33,16 @@ class PlainPolicy:
         pass
 
 
+class PassPolicy:
+    """Hand the whole room to the drafter (auto mode's drafter chooses k itself)."""
+
+    def choose(self, limit: int) -> Choice:
+        return Choice(limit, "auto")
+
+    def observe(self, n_drafted: int, n_accepted: int) -> None:
+        pass
+
+
 class FixedPolicy:
     """Always draft ``n_max`` tokens (the drafter may stop earlier on low confidence)."""
 
