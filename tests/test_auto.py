@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from app.engine.auto import PAUSED, Acceptance, AutoDrafter, MeasuredCosts, best_length
+from app.engine.auto import (
+    LOOKUP_CLASSES,
+    PAUSED,
+    Acceptance,
+    AutoDrafter,
+    MeasuredCosts,
+    best_length,
+    lookup_class,
+)
+from app.engine.drafters import LookupDrafter
 from app.engine.engine import Engine, GenerationSettings, LoadSettings
 from app.engine.events import Step
 
@@ -65,6 +74,63 @@ def test_measured_costs_interpolate_and_resist_spikes() -> None:
         costs.observe_verify(4, t)
     assert costs.verify(4) == pytest.approx(0.2)
     assert costs.verify(7) == pytest.approx(0.3, rel=0.05)  # the line through (1, 0.1) and (4, 0.2)
+
+
+def test_measured_costs_follow_a_machine_that_slows_down() -> None:
+    """Batch costs are kept relative to one step measured at about the same time."""
+    costs = MeasuredCosts(window=5)
+    for _ in range(5):
+        costs.observe_verify(1, 0.10)
+    for b, r in ((2, 1.5), (3, 2.1), (4, 2.1), (6, 3.0)):  # not a straight line: kernels change
+        costs.observe_verify(b, 0.10 * r)
+    costs.observe_draft(1, 0.05)
+    assert costs.verify(3) == pytest.approx(0.21)
+    assert costs.verify(5) == pytest.approx(0.10 * 2.55)  # between the measured 4 and 6
+    assert costs.verify(8) == pytest.approx(0.10 * (3.0 + 2 * (3.0 - 1) / 5))  # 6's mean slope goes on
+    for _ in range(5):  # the machine gets busy: every step now takes 50% longer
+        costs.observe_verify(1, 0.15)
+    assert costs.verify(4) == pytest.approx(0.15 * 2.1)  # the batches follow without new samples
+    assert costs.draft_step() == pytest.approx(0.075)
+
+
+def test_measured_costs_keep_samples_taken_before_the_first_step() -> None:
+    costs = MeasuredCosts()
+    costs.observe_verify(4, 0.2)
+    costs.observe_draft(2, 0.1)
+    assert costs.verify(4) is None and costs.draft_step() is None
+    costs.observe_verify(1, 0.1)
+    assert costs.verify(4) == pytest.approx(0.2) and costs.draft_step() == pytest.approx(0.05)
+
+
+def test_lookup_reports_the_longest_recent_match() -> None:
+    lk = LookupDrafter()
+    text = [1, 2, 3, 9, 7, 7, 5, 6, 1, 2, 3, 4, 8, 8]  # "2 3" occurs twice; "1 2 3" twice
+    lk.begin(text)
+    prop = lk.propose([*text, 5, 6, 1, 2, 3], 4, None, None)  # type: ignore[arg-type]
+    # "5 6 1 2 3" matched the copy starting at index 6 (5 tokens), not the first "1 2 3" (3 tokens)
+    assert prop.match == 5 and prop.tokens == (4, 8, 8, 5)
+    short = lk.propose([*text, 5, 6, 1, 2, 3, 4, 8, 0, 3, 9], 2, None, None)  # type: ignore[arg-type]
+    assert short.match == 2 and short.tokens == (7, 7)
+
+
+def test_long_lookup_matches_draft_longer_than_short_ones() -> None:
+    """A short n-gram match is often a coincidence; a long one is a copy in progress."""
+    cpu = SyntheticCosts(base=0.100, slope=0.04, draft=0.05)
+    auto = AutoDrafter(None, LookupDrafter(), n_max=8, costs=cpu)
+    k = [best_length(auto.lookup_acc[lookup_class(m)], cpu, 0.0, 8, 0.03).k for m in (2, 4, 7, 12)]
+    assert k == sorted(k) and k[0] < k[-1]
+    assert [lookup_class(m) for m in (2, 3, 5, 6, 9, 40)] == [0, 1, 1, 2, 3, 3]
+    assert len(auto.lookup_acc) == len(LOOKUP_CLASSES)
+
+
+def test_a_pessimistic_lookup_class_is_tried_again_in_time() -> None:
+    acc = Acceptance(4, prior=0.8, weight=3.0)
+    for _ in range(20):
+        acc.observe(3, 0, [1.0] * 3)
+    assert acc.alpha(0) < 0.2
+    for _ in range(1000):
+        acc.relax(0.995)
+    assert acc.alpha(0) > 0.7  # back near the prior
 
 
 def test_acceptance_calibration_by_confidence() -> None:

@@ -30,6 +30,15 @@ from app.engine.sampling import SamplingParams
 
 PAUSED = "drafting paused: verifying costs more than it saves on this machine"
 
+# Prompt lookup: (shortest match length, prior acceptance per token) of each class of match. A short
+# match is often a coincidence; a long one is a copy of the input in progress.
+LOOKUP_CLASSES = ((0, 0.45), (3, 0.75), (6, 0.8), (9, 0.9))
+LOOKUP_RELAX = 0.995  # per round: lookup evidence fades toward the prior (re-tries a class in time)
+
+
+def lookup_class(match: int) -> int:
+    return max(i for i, (m, _) in enumerate(LOOKUP_CLASSES) if match >= m)
+
 
 class CostModel(Protocol):
     """Seconds a round's parts cost (measured, or synthetic in tests)."""
@@ -70,48 +79,75 @@ class _Window:
 class MeasuredCosts:
     """Online estimates of the target's verify cost by batch size and the draft's cost per token.
 
-    Each estimate is the median of the recent samples. Unmeasured batch sizes are interpolated by a
-    least-squares line through the measured ones; with a single measured size, a prior slope (relative
-    cost of each extra batch token, CPU-like by default) is used until probes measure more.
+    A shared machine speeds up and slows down; the cost of a batch *relative to one decode step*
+    measured at about the same time is a property of the model and the hardware, and stays put. So
+    one decode step's cost is tracked as the median of recent plain rounds, every other batch size
+    (and the draft's step) as the median of its recent ratios to it, and an estimate is the two
+    multiplied. Unmeasured batch sizes are interpolated between the nearest measured ones; past the
+    largest, its mean slope from one token continues (with only one size measured, a prior slope:
+    the relative cost of each extra batch token, CPU-like by default).
     """
 
     def __init__(self, *, prior_slope: float = 0.35, window: int = 15):
         self.prior_slope = prior_slope
         self.window = window
-        self._verify: dict[int, _Window] = {}
-        self._draft = _Window(window)
+        self._step = _Window(window)  # seconds for a batch of 1
+        self._ratio: dict[int, _Window] = {}  # batch size -> its cost / one step's
+        self._draft = _Window(window)  # the draft's seconds per token / one target step's
+        self._pending: list[tuple[int, float]] = []  # samples taken before any step was timed
         self._cache: dict[int, float | None] = {}
 
     def observe_verify(self, batch: int, seconds: float) -> None:
-        self._verify.setdefault(batch, _Window(self.window)).add(seconds)
         self._cache.clear()
+        if batch <= 1:
+            self._step.add(seconds)
+            pending, self._pending = self._pending, []
+            for b, t in pending:
+                self._add_relative(b, t)
+        else:
+            self._add_relative(batch, seconds)
+
+    def _add_relative(self, batch: int, seconds: float) -> None:
+        if not self._step.n:
+            self._pending.append((batch, seconds))
+            return
+        step = self._step.value
+        if batch == 0:
+            self._draft.add(seconds / step)
+        else:
+            self._ratio.setdefault(batch, _Window(self.window)).add(seconds / step)
 
     def observe_draft(self, n_tokens: int, seconds: float) -> None:
         if n_tokens > 0:
-            self._draft.add(seconds / n_tokens)
+            self._cache.clear()
+            self._add_relative(0, seconds / n_tokens)  # batch 0: the draft's step
+
+    def ratio(self, batch: int) -> float:
+        """A batch's cost relative to one decode step (1.0 for a batch of 1)."""
+        if batch <= 1:
+            return 1.0
+        known = {b: w.value for b, w in self._ratio.items() if w.n}
+        if batch in known:
+            return known[batch]
+        below = max((b for b in known if b < batch), default=1)
+        above = min((b for b in known if b > batch), default=None)
+        r_below = known.get(below, 1.0)
+        if above is not None:
+            return r_below + (known[above] - r_below) * (batch - below) / (above - below)
+        slope = (r_below - 1.0) / (below - 1) if below > 1 else self.prior_slope
+        return r_below + max(slope, 0.0) * (batch - below)
 
     def verify(self, batch: int) -> float | None:
+        if not self._step.n:
+            return None
         if batch not in self._cache:
-            self._cache[batch] = self._estimate(batch)
+            self._cache[batch] = self._step.value * self.ratio(batch)
         return self._cache[batch]
 
-    def _estimate(self, batch: int) -> float | None:
-        pts = {b: w.value for b, w in self._verify.items() if w.n}
-        if not pts:
-            return None
-        if batch in pts and self._verify[batch].n >= 3:
-            return pts[batch]
-        if len(pts) >= 2:
-            b = np.array(list(pts), dtype=float)
-            v = np.array(list(pts.values()))
-            slope, icpt = np.polyfit(b, v, 1)
-            return max(float(icpt) + max(float(slope), 0.0) * batch, float(min(v)))
-        ((b0, v0),) = pts.items()
-        base = v0 / (1 + self.prior_slope * (b0 - 1))
-        return base * (1 + self.prior_slope * (batch - 1))
-
     def draft_step(self) -> float | None:
-        return self._draft.value if self._draft.n else None
+        if not self._draft.n or not self._step.n:
+            return None
+        return self._draft.value * self._step.value
 
 
 class Acceptance:
@@ -141,6 +177,11 @@ class Acceptance:
                 b = min(int(confidence[i] * self.BINS), self.BINS - 1)
                 self.bin_hits[b] += ok
                 self.bin_trials[b] += 1
+
+    def relax(self, factor: float) -> None:
+        """Fade the evidence toward the prior, so a pessimistic estimate is tried again in time."""
+        for a in (self.hits, self.trials, self.bin_hits, self.bin_trials):
+            a *= factor
 
     def overall(self) -> float:
         return float((self.hits.sum() + self.prior * self.weight) / (self.trials.sum() + self.weight))
@@ -251,7 +292,9 @@ class AutoDrafter:
         self.n_max = n_max
         self.costs: CostModel = costs or MeasuredCosts()
         self.margin = margin
-        self.acc = {"model": Acceptance(n_max), "lookup": Acceptance(n_max, prior=0.5)}
+        self.acc = {"model": Acceptance(n_max)}
+        # prompt lookup's acceptance, by how long the match its draft was copied from is
+        self.lookup_acc = [Acceptance(n_max, prior=p, weight=3.0) for _, p in LOOKUP_CLASSES]
         self.probe_every = probe_every
         self.probe_max = probe_max
         self._probe_interval = probe_every
@@ -308,9 +351,12 @@ class AutoDrafter:
         if self._since_plain > self.refresh_plain:  # keep the plain-decoding baseline current
             return Proposal((), (), (), "none", 0.0, reason="measuring plain decoding", planned=0)
         t0 = time.perf_counter()
+        for acc in self.lookup_acc:
+            acc.relax(LOOKUP_RELAX)
         found = self.lookup.propose(tokens, limit, params, rng)
         if found.tokens:
-            plan = best_length(self.acc["lookup"], self.costs, 0.0, len(found.tokens), self.margin)
+            acc = self.lookup_acc[lookup_class(found.match)]
+            plan = best_length(acc, self.costs, 0.0, len(found.tokens), self.margin)
             if plan.k > 0 and self._losing("lookup"):  # try again only now and then, with back-off
                 self._lookup_skip += 1
                 if self._lookup_skip < self._lookup_every:
@@ -328,7 +374,8 @@ class AutoDrafter:
                     q=found.q[:n],
                     confidence=found.confidence[:n],
                     planned=n,
-                    reason=f"prompt lookup: n-gram match, {plan.rate / plan.plain_rate:.2f}x expected",
+                    reason=f"prompt lookup: {found.match}-token match, "
+                    f"{plan.rate / plan.plain_rate:.2f}x expected",
                     t=time.perf_counter() - t0,
                 )
         if self.model is None:
@@ -385,7 +432,10 @@ class AutoDrafter:
             self.costs.observe_draft(proposal.n_steps, proposal.t_steps)
         if proposal.source == "model" and proposal.n_sync > 2:
             self._sync_cost.add(proposal.t_sync / proposal.n_sync)
-        if proposal.source in self.acc:
+        if proposal.source == "lookup":
+            acc = self.lookup_acc[lookup_class(proposal.match)]
+            acc.observe(outcome.n_drafted, outcome.n_accepted, proposal.confidence)
+        elif proposal.source in self.acc:
             self.acc[proposal.source].observe(outcome.n_drafted, outcome.n_accepted, proposal.confidence)
         if self._probing:
             plan = best_length(

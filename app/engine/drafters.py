@@ -38,6 +38,7 @@ class Proposal:
     t_sync: float = 0.0  # seconds that took
     planned: int = -1  # the draft length the drafter planned (-1: the policy's choice)
     reason: str = ""  # why (empty: the policy's reason)
+    match: int = 0  # lookup: how many tokens of the context's end matched where the draft was copied
 
 
 EMPTY = Proposal((), (), (), "none", 0.0)
@@ -184,9 +185,16 @@ class ModelDrafter:
 
 
 class LookupDrafter:
-    """Prompt lookup decoding: continue the most recent earlier match of the context's last n-gram."""
+    """Prompt lookup decoding: continue an earlier occurrence of the context's last n-gram.
+
+    Of the few most recent occurrences, the one whose match extends furthest back wins; that match
+    length travels with the proposal, since it predicts acceptance well (a 2-token match is right about
+    half the time, a match of 9 or more tokens is a copy in progress and nearly always right).
+    """
 
     name = "lookup"
+    CANDIDATES = 4  # recent occurrences kept per n-gram
+    MATCH_CAP = 64  # longest match length measured
 
     def __init__(self, *, ngram_max: int = 4, ngram_min: int = 2):
         if not 1 <= ngram_min <= ngram_max:
@@ -194,8 +202,8 @@ class LookupDrafter:
         self.ngram_max = ngram_max
         self.ngram_min = ngram_min
         self._tokens: list[int] = []
-        # n -> {n-gram: end index (exclusive) of its most recent occurrence}
-        self._index: dict[int, dict[tuple[int, ...], int]] = {}
+        # n -> {n-gram: end indexes (exclusive) of its most recent occurrences, newest last}
+        self._index: dict[int, dict[tuple[int, ...], list[int]]] = {}
         self._indexed = 0  # n-grams ending at positions <= this have been indexed
 
     def begin(self, prompt: Sequence[int]) -> float:
@@ -217,8 +225,19 @@ class LookupDrafter:
         for end in range(max(self._indexed, 1), len(toks)):
             for n, table in self._index.items():
                 if end >= n:
-                    table[tuple(toks[end - n : end])] = end
+                    ends = table.setdefault(tuple(toks[end - n : end]), [])
+                    ends.append(end)
+                    if len(ends) > self.CANDIDATES:
+                        del ends[0]
         self._indexed = max(self._indexed, len(toks) - 1)
+
+    def _match_length(self, end: int, n: int) -> int:
+        """How far the match of the context's end with the text before ``end`` reaches back."""
+        toks, m = self._tokens, n
+        last = len(toks)
+        while m < self.MATCH_CAP and end - m - 1 >= 0 and toks[end - m - 1] == toks[last - m - 1]:
+            m += 1
+        return m
 
     def propose(
         self, tokens: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator
@@ -231,13 +250,18 @@ class LookupDrafter:
         for n in range(self.ngram_max, self.ngram_min - 1, -1):
             if len(toks) <= n:
                 continue
-            end = self._index[n].get(tuple(toks[-n:]))
-            if end is not None:
+            ends = [e for e in self._index[n].get(tuple(toks[-n:]), ()) if e < len(toks)]
+            if ends:
+                m, end = max((self._match_length(e, n), e) for e in ends)
                 cont = tuple(toks[end : end + k])
-                if cont:
-                    return Proposal(
-                        cont, (None,) * len(cont), (1.0,) * len(cont), self.name, time.perf_counter() - t0
-                    )
+                return Proposal(
+                    cont,
+                    (None,) * len(cont),
+                    (1.0,) * len(cont),
+                    self.name,
+                    time.perf_counter() - t0,
+                    match=m,
+                )
         return Proposal((), (), (), self.name, time.perf_counter() - t0)
 
     def close(self) -> None:

@@ -99,24 +99,25 @@ class Engine:
         )
         self.has_chat_template = bool(template)
 
+    WARM_UP_BATCHES = (1, 2, 3, 4, 6, 9)  # verify costs timed at load (the rest are interpolated)
+
     def _warm_up(self) -> None:
         """First evaluations allocate buffers and are slow: run them now, and seed auto mode's costs.
 
-        The first evaluation of each batch size is discarded; the rest are the first cost samples.
-        Logits are computed for every row, as verification does: on a CPU the output layer is a real
-        share of a batch's cost (Qwen2.5 1.5B: a batch of 4 costs 1.7x one token with the last row's
-        logits only, 2.9x with all four).
+        One pass is discarded; then each batch size a verification commonly uses is timed once (the
+        cost does not grow smoothly with the batch: kernels change with its size). Logits are computed
+        for every row, as verification does: on a CPU the output layer is a real share of a batch's
+        cost (Qwen2.5 1.5B: a batch of 4 costs 1.7x one token with the last row's logits only, 2.1-2.9x
+        with all four).
         """
         tok = self.target.bos if self.target.bos >= 0 else 0
-        seen: set[int] = set()
-        for batch in (1, 2, 4, 1, 2, 4, 1):
+        for i, batch in enumerate((1, 4, *self.WARM_UP_BATCHES, 1)):
             t0 = time.perf_counter()
             self._target_ctx.decode([tok] * batch, 0, logits="all")
             dt = time.perf_counter() - t0
             self._target_ctx.trim(0)
-            if batch in seen:
+            if i >= 2:
                 self.costs.observe_verify(batch, dt)
-            seen.add(batch)
         if self._draft_ctx is not None:
             for i in range(3):
                 t0 = time.perf_counter()
