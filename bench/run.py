@@ -123,6 +123,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     t_load = time.perf_counter() - t0
     results: list[dict[str, Any]] = []
     try:
+        warm_up(engine, prompts, modes)
         for i, row in enumerate(prompts):
             ids = engine.chat_prompt([{"role": "user", "content": row["prompt"]}])
             order: list[Any] = [*modes, *(LCPP_MODES if args.llama_cpp else [])]
@@ -190,6 +191,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         },
         "runs": results,
     }
+
+
+def warm_up(engine: Any, prompts: list[dict[str, str]], modes: list[Mode]) -> None:
+    """One short, untimed reply per model before measuring: the first replies after a load run slowly
+    (pages of the weights still being faulted in, caches cold) and would penalize whichever mode the
+    rotation puts first."""
+    from app.engine.engine import GenerationSettings
+
+    if not prompts:
+        return
+    ids = engine.chat_prompt([{"role": "user", "content": prompts[0]["prompt"]}])
+    kinds = {"plain"} | {m.mode for m in modes if m.mode == "speculative"}
+    for mode in sorted(kinds):
+        engine.reset()
+        engine.run(ids, GenerationSettings(mode=mode, max_tokens=16, n_max=3, adaptive=False))
+    engine.reset()
 
 
 TIE_GAP = 0.5  # logits: a first difference where the target's top two are closer is a numerical tie

@@ -1,0 +1,100 @@
+"""Combine repeated ``tandem bench`` runs: median speedup per category and mode, and the targets.
+
+One run on a shared machine is noisy (a category of one or two short replies moves by ±10 % between
+runs), so the figures that matter are medians over repeated runs, each speedup taken against plain
+decoding *in the same run*::
+
+    python -m bench.combine bench/results/a.json bench/results/b.json bench/results/c.json
+
+Prints Markdown: the median speedup per category and mode with its range over runs, then auto mode
+against its targets (at least 0.97x plain in every category, within 5 % of the best fixed mode, and
+at least 1.3x on ``code_edit`` for lookup or auto).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.run import summarize
+
+FIXED = ("spec3", "spec5", "spec8", "lookup")  # the modes auto mode is held against
+
+
+def load(paths: list[Path]) -> list[dict[str, Any]]:
+    runs = []
+    for p in paths:
+        data = json.loads(p.read_text(encoding="utf-8"))
+        runs.append(data.get("summary") or summarize(data))
+    return runs
+
+
+def medians(runs: list[dict[str, Any]]) -> dict[str, dict[str, list[float]]]:
+    """category -> mode -> speedups over runs (modes missing from a run are skipped)."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for summary in runs:
+        for cat, modes in summary.items():
+            for mode, v in modes.items():
+                out.setdefault(cat, {}).setdefault(mode, []).append(v["speedup"])
+    return out
+
+
+def _cell(xs: list[float]) -> str:
+    med = statistics.median(xs)
+    return f"{med:.2f}x" if len(xs) == 1 else f"{med:.2f}x ({min(xs):.2f}-{max(xs):.2f})"
+
+
+def report(runs: list[dict[str, Any]]) -> str:
+    table = medians(runs)
+    cats = [*sorted(c for c in table if c != "all"), "all"]
+    modes = [m for m in ("spec3", "spec5", "spec8", "lookup", "auto") if any(m in table[c] for c in cats)]
+    plain = {c: statistics.median(v["plain"]["tok_s"] for v in (r[c] for r in runs)) for c in cats}
+    lines = [
+        f"Median over {len(runs)} runs (range in brackets); speedup against plain in the same run.",
+        "",
+        "| category | plain tok/s | " + " | ".join(modes) + " |",
+        "|" + "---|" * (len(modes) + 2),
+    ]
+    for c in cats:
+        cells = [_cell(table[c][m]) if m in table[c] else "-" for m in modes]
+        lines.append(f"| {c} | {plain[c]:.2f} | " + " | ".join(cells) + " |")
+    if "auto" in modes:
+        lines += [
+            "",
+            "| category | auto | best fixed mode | auto / best | auto >= 0.97x | within 5 % |",
+            "|---|---|---|---|---|---|",
+        ]
+        for c in cats:
+            auto = statistics.median(table[c]["auto"])
+            fixed = {m: statistics.median(table[c][m]) for m in FIXED if m in table[c]}
+            fixed["plain"] = 1.0
+            best = max(fixed, key=lambda m: fixed[m])
+            ratio = auto / fixed[best]
+            lines.append(
+                f"| {c} | {auto:.2f}x | {best} {fixed[best]:.2f}x | {ratio:.2f} "
+                f"| {'yes' if auto >= 0.97 else 'no'} | {'yes' if ratio >= 0.95 else 'no'} |"
+            )
+        if "code_edit" in table:
+            best_edit = max(
+                statistics.median(table["code_edit"][m])
+                for m in ("lookup", "auto")
+                if m in table["code_edit"]
+            )
+            lines += ["", f"code_edit, best of lookup and auto: {best_edit:.2f}x (target 1.3x)"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.combine", description=__doc__)
+    p.add_argument("results", nargs="+", type=Path, help="JSON files written by tandem bench")
+    args = p.parse_args(argv)
+    print(report(load(args.results)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

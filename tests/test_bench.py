@@ -1,0 +1,45 @@
+"""``tandem bench`` and ``bench.combine`` end to end on the tiny GGUF pair (real llama.cpp)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from bench import combine
+from bench import run as bench_run
+
+
+def bench_args(tiny_pair, tmp_path, out: str) -> argparse.Namespace:
+    prompts = tmp_path / "prompts.jsonl"
+    rows = [
+        {"id": "p0", "category": "code_edit", "prompt": "one two three one two three one two"},
+        {"id": "p1", "category": "chat", "prompt": "The quick brown fox"},
+    ]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    p = argparse.ArgumentParser()
+    bench_run.add_arguments(p)
+    return p.parse_args(
+        [
+            "--target", str(tiny_pair.target), "--draft", str(tiny_pair.draft),
+            "--prompts", str(prompts), "--modes", "plain,spec3,lookup,auto", "--max-tokens", "12",
+            "--ctx", "512", "--no-rss", "--out", str(tmp_path / out),
+        ]
+    )  # fmt: skip
+
+
+def test_bench_runs_every_mode_and_combine_reports_medians(tiny_pair, tmp_path, capsys) -> None:
+    for name in ("a.json", "b.json"):
+        assert bench_run.main(bench_args(tiny_pair, tmp_path, name)) == 0
+    printed = capsys.readouterr().out
+    assert "| category | plain tok/s | spec3 | lookup | auto |" in printed
+    data = json.loads((tmp_path / "a.json").read_text())
+    assert {r["mode"] for r in data["runs"]} == {"plain", "spec3", "lookup", "auto"}
+    assert all(r["same_as_plain"] or r["top2_gap_at_difference"] < 1e-3 for r in data["runs"])
+    assert data["summary"]["all"]["plain"]["speedup"] == 1.0
+
+    assert combine.main([str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
+    report = capsys.readouterr().out
+    assert "Median over 2 runs" in report
+    assert "| code_edit |" in report and "| chat |" in report
+    assert "| category | auto | best fixed mode | auto / best |" in report
+    assert "code_edit, best of lookup and auto:" in report
