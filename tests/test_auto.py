@@ -249,3 +249,62 @@ def test_auto_without_draft_model_uses_lookup_only(tiny_pair) -> None:
         assert {s.drafter for s in st} <= {"lookup", "none"}
         plain = eng.run(eng.tokenize(PROMPTS[2]), GenerationSettings(mode="plain", max_tokens=48))
         assert tuple(t for s in st for t in s.tokens) == plain.tokens
+
+
+class RecordingDraft(StaleDraft):
+    """Records how auto mode asked the draft model to begin a reply."""
+
+    def __init__(self):
+        super().__init__(1)
+        self.evaluate: list[bool] = []
+
+    def begin(self, prompt, *, evaluate: bool = True) -> float:
+        self.evaluate.append(evaluate)
+        return 0.0
+
+
+def test_draft_evaluates_the_prompt_up_front_only_while_it_could_pay() -> None:
+    for costs, eager in ((GPU_LIKE, True), (CPU_LIKE, True), (EXPENSIVE, False)):
+        draft = RecordingDraft()
+        auto = AutoDrafter(draft, LookupDrafter(), n_max=6, costs=costs)  # type: ignore[arg-type]
+        auto.begin([1, 2, 3])
+        assert draft.evaluate == [eager], costs
+    draft = RecordingDraft()
+    auto = AutoDrafter(draft, LookupDrafter(), n_max=6, costs=GPU_LIKE)  # type: ignore[arg-type]
+    for _ in range(3):  # recent model rounds delivered less than plain rounds
+        auto._realized["model"].add(1, 1.0)
+        auto._realized["none"].add(1, 0.1)
+    auto.begin([1, 2, 3])
+    assert draft.evaluate == [False]
+
+
+def test_probe_rounds_are_not_judged_and_a_good_probe_clears_the_guard() -> None:
+    from app.engine.auto import Outcome
+    from app.engine.drafters import Proposal
+
+    auto = AutoDrafter(RecordingDraft(), LookupDrafter(), n_max=6, costs=GPU_LIKE)  # type: ignore[arg-type]
+    for _ in range(3):
+        auto._realized["model"].add(1, 1.0)
+        auto._realized["none"].add(1, 0.1)
+    assert auto._losing("model")
+    auto.acc["model"] = Acceptance(6, prior=0.95, weight=1e6)  # the probe finds the draft right again
+    auto._probing = True
+    probe = Proposal((5, 6), (None, None), (0.9, 0.9), "model", 0.01, n_steps=1, t_steps=0.001)
+    auto.observe(probe, Outcome("model", 2, 2, 3, 0.01, 0.02))
+    assert auto._realized["model"].n == 0  # judged afresh from the next real rounds
+    assert not auto._losing("model")
+
+
+def test_losing_short_lookup_matches_do_not_stop_long_ones() -> None:
+    auto = AutoDrafter(None, LookupDrafter(), n_max=6, costs=CPU_LIKE)
+    for _ in range(3):  # coincidental 2-token matches have been losing
+        auto._realized["lookup0"].add(1, 1.0)
+        auto._realized["none"].add(1, 0.1)
+    text = list(range(100, 120))
+    auto.begin(text)
+    copy = auto.propose([*text, *range(100, 112)], 6, None, None)  # type: ignore[arg-type]
+    assert copy.source == "lookup" and copy.match >= 9 and len(copy.tokens) >= 1
+    short = [1, 2, 9, 7, 7, 1, 2]
+    auto.begin(short)
+    tried = [bool(auto.propose(short, 6, None, None).tokens) for _ in range(7)]  # type: ignore[arg-type]
+    assert tried == [True, False, True, False, False, False, True]  # the losing class backs off

@@ -313,15 +313,28 @@ class AutoDrafter:
         # What rounds really delivered, by kind: the cost model predicts, this checks. A drafter whose
         # recent rounds gave fewer tokens/s than plain rounds is paused whatever the model predicts
         # (costs it does not see: logits rows, cache effects, a busy machine).
-        self._realized = {"none": _Realized(16), "model": _Realized(6), "lookup": _Realized(6)}
-        self._lookup_skip = 0
-        self._lookup_every = 1
+        # (prompt lookup is judged per class of match: coincidences losing must not stop copies)
+        self._realized = {"none": _Realized(16), "model": _Realized(6)}
+        self._realized.update({f"lookup{c}": _Realized(6) for c in range(len(LOOKUP_CLASSES))})
+        self._lookup_skip = [0] * len(LOOKUP_CLASSES)
+        self._lookup_every = [1] * len(LOOKUP_CLASSES)
 
     def begin(self, prompt: Sequence[int]) -> float:
         t = self.lookup.begin(prompt)
         if self.model is not None:
-            t += self.model.begin(prompt, evaluate=False)  # synced lazily, only if it drafts
+            # The draft evaluates the prompt now, batched with the target's prompt processing as in
+            # speculative mode, while it is in play; otherwise it catches up only if it drafts again.
+            t += self.model.begin(prompt, evaluate=self._model_in_play())
         return t
+
+    def _model_in_play(self) -> bool:
+        """The draft model could pay on this machine and has not been losing lately."""
+        d, v1 = self.costs.draft_step(), self.costs.verify(1)
+        if self.model is None or d is None or v1 is None:
+            return self.model is not None
+        if best_length(self._optimistic, self.costs, d, self.n_max, self.margin).k == 0:
+            return False
+        return not self._losing("model")
 
     def _continue_rule(self, plan: Plan):
         """Keep drafting while the next token is expected to pay for its draft and verify cost."""
@@ -355,17 +368,17 @@ class AutoDrafter:
             acc.relax(LOOKUP_RELAX)
         found = self.lookup.propose(tokens, limit, params, rng)
         if found.tokens:
-            acc = self.lookup_acc[lookup_class(found.match)]
-            plan = best_length(acc, self.costs, 0.0, len(found.tokens), self.margin)
-            if plan.k > 0 and self._losing("lookup"):  # try again only now and then, with back-off
-                self._lookup_skip += 1
-                if self._lookup_skip < self._lookup_every:
+            c = lookup_class(found.match)
+            plan = best_length(self.lookup_acc[c], self.costs, 0.0, len(found.tokens), self.margin)
+            if plan.k > 0 and self._losing(f"lookup{c}"):  # try again only now and then, with back-off
+                self._lookup_skip[c] += 1
+                if self._lookup_skip[c] < self._lookup_every[c]:
                     plan = Plan(0, plan.rate, plan.plain_rate)
                 else:
-                    self._lookup_skip = 0
-                    self._lookup_every = min(64, self._lookup_every * 2)
+                    self._lookup_skip[c] = 0
+                    self._lookup_every[c] = min(64, self._lookup_every[c] * 2)
             elif plan.k > 0:
-                self._lookup_every = 1
+                self._lookup_every[c] = 1
             if plan.k > 0:
                 n = plan.k
                 return replace(
@@ -424,7 +437,9 @@ class AutoDrafter:
     def observe(self, proposal: Proposal, outcome: Outcome) -> None:
         self.costs.observe_verify(outcome.batch, outcome.t_verify)
         kind = proposal.source if proposal.tokens else "none"
-        if kind in self._realized:
+        if kind == "lookup":
+            kind = f"lookup{lookup_class(proposal.match)}"
+        if kind in self._realized and not self._probing:  # a probe is short on purpose: not a sample
             self._realized[kind].add(outcome.n_accepted + 1, outcome.t_round)
         if outcome.batch == 1:
             self._since_plain = 0
@@ -441,9 +456,11 @@ class AutoDrafter:
             plan = best_length(
                 self.acc["model"], self.costs, self.costs.draft_step() or 0.0, self.n_max, self.margin
             )
-            self._probe_interval = (
-                self.probe_every if plan.k else min(self.probe_max, self._probe_interval * 2)
-            )
+            if plan.k:  # drafting pays again: judge the next real rounds afresh
+                self._probe_interval = self.probe_every
+                self._realized["model"].rounds.clear()
+            else:
+                self._probe_interval = min(self.probe_max, self._probe_interval * 2)
 
     def close(self) -> None:
         self.lookup.close()
