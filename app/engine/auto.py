@@ -17,6 +17,7 @@ now and then (with exponential back-off) so it notices when drafting starts to p
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -59,13 +60,15 @@ class CostModel(Protocol):
 class _Window:
     """Recent samples; their median resists the spikes a busy machine puts into timings."""
 
-    __slots__ = ("samples",)
+    __slots__ = ("_median", "samples")
 
     def __init__(self, size: int):
         self.samples: deque[float] = deque(maxlen=size)
+        self._median: float | None = None
 
     def add(self, x: float) -> None:
         self.samples.append(x)
+        self._median = None
 
     @property
     def n(self) -> int:
@@ -73,7 +76,9 @@ class _Window:
 
     @property
     def value(self) -> float:
-        return float(np.median(self.samples))
+        if self._median is None:  # read every round, changed by few: computed once per change
+            self._median = statistics.median(self.samples)
+        return self._median
 
 
 class MeasuredCosts:
@@ -96,9 +101,11 @@ class MeasuredCosts:
         self._draft = _Window(window)  # the draft's seconds per token / one target step's
         self._pending: list[tuple[int, float]] = []  # samples taken before any step was timed
         self._cache: dict[int, float | None] = {}
+        self._known: dict[int, float] | None = None  # batch size -> median ratio, until a change
 
     def observe_verify(self, batch: int, seconds: float) -> None:
         self._cache.clear()
+        self._known = None
         if batch <= 1:
             self._step.add(seconds)
             pending, self._pending = self._pending, []
@@ -126,7 +133,9 @@ class MeasuredCosts:
         """A batch's cost relative to one decode step (1.0 for a batch of 1)."""
         if batch <= 1:
             return 1.0
-        known = {b: w.value for b, w in self._ratio.items() if w.n}
+        if self._known is None:
+            self._known = {b: w.value for b, w in self._ratio.items() if w.n}
+        known = self._known
         if batch in known:
             return known[batch]
         below = max((b for b in known if b < batch), default=1)
@@ -161,10 +170,12 @@ class Acceptance:
         self.trials = np.zeros(n_max)
         self.bin_hits = np.zeros(self.BINS)
         self.bin_trials = np.zeros(self.BINS)
+        self._overall: float | None = None
 
     def observe(self, n_drafted: int, n_accepted: int, confidence: Sequence[float]) -> None:
         if n_drafted == 0:
             return
+        self._overall = None
         self.hits *= self.decay
         self.trials *= self.decay
         self.bin_hits *= self.decay
@@ -182,9 +193,13 @@ class Acceptance:
         """Fade the evidence toward the prior, so a pessimistic estimate is tried again in time."""
         for a in (self.hits, self.trials, self.bin_hits, self.bin_trials):
             a *= factor
+        self._overall = None
 
     def overall(self) -> float:
-        return float((self.hits.sum() + self.prior * self.weight) / (self.trials.sum() + self.weight))
+        if self._overall is None:
+            hits, trials = self.hits.sum(), self.trials.sum()
+            self._overall = float((hits + self.prior * self.weight) / (trials + self.weight))
+        return self._overall
 
     def alpha(self, i: int) -> float:
         """P(draft token i is accepted | the ones before it were), 0-based."""
