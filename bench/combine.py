@@ -53,15 +53,28 @@ def report(runs: list[dict[str, Any]]) -> str:
     cats = [*sorted(c for c in table if c != "all"), "all"]
     modes = [m for m in ("spec3", "spec5", "spec8", "lookup", "auto") if any(m in table[c] for c in cats)]
     plain = {c: statistics.median(v["plain"]["tok_s"] for v in (r[c] for r in runs)) for c in cats}
+    bound = {
+        c: statistics.median(xs)
+        for c in cats
+        if (xs := [r[c]["plain"]["lookup_bound"] for r in runs if "lookup_bound" in r[c]["plain"]])
+    }
     lines = [
         f"Median over {len(runs)} runs (range in brackets); speedup against plain in the same run.",
         "",
-        "| category | plain tok/s | " + " | ".join(modes) + " |",
-        "|" + "---|" * (len(modes) + 2),
+        "| category | plain tok/s | " + " | ".join(modes) + (" | lookup bound |" if bound else " |"),
+        "|" + "---|" * (len(modes) + 2 + bool(bound)),
     ]
     for c in cats:
         cells = [_cell(table[c][m]) if m in table[c] else "-" for m in modes]
+        if bound:
+            cells.append(f"{bound[c]:.2f}x" if c in bound else "-")
         lines.append(f"| {c} | {plain[c]:.2f} | " + " | ".join(cells) + " |")
+    if bound:
+        lines += [
+            "",
+            "lookup bound: the speedup an all-knowing prompt-lookup policy (drafting exactly as far as "
+            "the target accepts) would reach with the verify costs measured in the run.",
+        ]
     if "auto" in modes:
         lines += [
             "",

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -157,6 +158,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 }
                 if m.name == "plain":
                     plain_tokens = list(fin.tokens)
+                    runs["plain"]["lookup_bound"] = lookup_bound(ids, plain_tokens, engine.costs.ratio)
             for name, r in runs.items():
                 comparable = plain_tokens is not None and name not in LCPP_MODES
                 r["same_as_plain"] = r["tokens"] == plain_tokens if comparable else None
@@ -191,6 +193,32 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         },
         "runs": results,
     }
+
+
+def lookup_bound(
+    prompt: list[int], reply: list[int], ratio: Callable[[int], float], n_max: int = 8
+) -> tuple[int, float]:
+    """What an all-knowing prompt-lookup policy could reach on this reply with this machine's costs.
+
+    At every round the lookup drafter's continuation is drafted exactly as far as the target will
+    accept it (if that pays: a batch of a+1 costs less than a+1 steps), else nothing. Returns the
+    reply's tokens and the cost in decode steps (``ratio(b)``: a batch of b relative to one step), so
+    tokens / cost is the best speedup any policy choosing only the draft length could get.
+    """
+    from app.engine.drafters import LookupDrafter
+
+    lookup = LookupDrafter()
+    lookup.begin(prompt)
+    pos, cost = 0, 0.0
+    while pos < len(reply):
+        cont = lookup.propose([*prompt, *reply[:pos]], n_max, None, None).tokens  # type: ignore[arg-type]
+        a = 0
+        while a < min(len(cont), len(reply) - pos - 1) and cont[a] == reply[pos + a]:
+            a += 1
+        k = a if a and ratio(a + 1) < a + 1 else 0
+        cost += ratio(k + 1)
+        pos += k + 1
+    return len(reply), cost
 
 
 def warm_up(engine: Any, prompts: list[dict[str, str]], modes: list[Mode]) -> None:
@@ -276,6 +304,9 @@ def summarize(data: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
             "max_gap_at_difference": max((r.get("top2_gap_at_difference", 0.0) for r in rs), default=0.0),
             "n": len(rs),
         }
+        bounds = [r["lookup_bound"] for r in rs if r.get("lookup_bound")]
+        if bounds:
+            out[cat][mode]["lookup_bound"] = sum(n for n, _ in bounds) / sum(c for _, c in bounds)
     for modes in out.values():
         base = modes.get("plain", {}).get("tok_s")
         for v in modes.values():

@@ -43,3 +43,4 @@ def test_bench_runs_every_mode_and_combine_reports_medians(tiny_pair, tmp_path, 
     assert "| code_edit |" in report and "| chat |" in report
     assert "| category | auto | best fixed mode | auto / best |" in report
     assert "code_edit, best of lookup and auto:" in report
+    assert "lookup bound" in report
