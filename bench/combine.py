@@ -20,16 +20,27 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.run import summarize
+from bench.run import TIE_GAP, summarize
 
 FIXED = ("spec3", "spec5", "spec8", "lookup")  # the modes auto mode is held against
+EARLY = 24  # a reply that leaves plain decoding's text before this token is mostly a different text
 
 
 def load(paths: list[Path]) -> list[dict[str, Any]]:
+    """Each run's summary, with ``_diverged``: (prompt id, category, mode, first difference) of the
+    replies that left plain decoding's text at a numerical tie."""
     runs = []
     for p in paths:
         data = json.loads(p.read_text(encoding="utf-8"))
-        runs.append(data.get("summary") or summarize(data))
+        summary = dict(data.get("summary") or summarize(data))
+        summary["_diverged"] = [
+            (r["id"], r["category"], r["mode"], r["first_difference"])
+            for r in data["runs"]
+            if r.get("same_as_plain") is False
+            and "first_difference" in r
+            and r.get("top2_gap_at_difference", 99.0) < TIE_GAP
+        ]
+        runs.append(summary)
     return runs
 
 
@@ -38,6 +49,8 @@ def medians(runs: list[dict[str, Any]]) -> dict[str, dict[str, list[float]]]:
     out: dict[str, dict[str, list[float]]] = {}
     for summary in runs:
         for cat, modes in summary.items():
+            if cat.startswith("_"):
+                continue
             for mode, v in modes.items():
                 out.setdefault(cat, {}).setdefault(mode, []).append(v["speedup"])
     return out
@@ -98,6 +111,23 @@ def report(runs: list[dict[str, Any]]) -> str:
                 if m in table["code_edit"]
             )
             lines += ["", f"code_edit, best of lookup and auto: {best_edit:.2f}x (target 1.3x)"]
+    early: dict[tuple[str, str], dict[str, int]] = {}
+    for r in runs:
+        for pid, cat, mode, first in r["_diverged"]:
+            if first < EARLY:
+                early.setdefault((pid, cat), {})[mode] = first
+    if early:
+        lines += [
+            "",
+            f"Replies that left plain decoding's text within the first {EARLY} tokens, at a numerical "
+            "tie (batched and one-token evaluation round differently), so their tok/s compare different "
+            "texts: "
+            + "; ".join(
+                f"{pid} ({cat}): " + ", ".join(f"{m} at {t}" for m, t in sorted(modes.items()))
+                for (pid, cat), modes in sorted(early.items())
+            )
+            + ".",
+        ]
     return "\n".join(lines)
 
 

@@ -44,3 +44,4 @@ def test_bench_runs_every_mode_and_combine_reports_medians(tiny_pair, tmp_path, 
     assert "| category | auto | best fixed mode | auto / best |" in report
     assert "code_edit, best of lookup and auto:" in report
     assert "lookup bound" in report
+    assert "Median over 2 runs" in report
