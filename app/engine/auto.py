@@ -85,7 +85,8 @@ class MeasuredCosts:
     """Online estimates of the target's verify cost by batch size and the draft's cost per token.
 
     A shared machine speeds up and slows down; the cost of a batch *relative to one decode step*
-    measured at about the same time is a property of the model and the hardware, and stays put. So
+    measured at about the same time depends mostly on the model and the hardware, and moves much
+    less (every drafted round updates it). So
     one decode step's cost is tracked as the median of recent plain rounds, every other batch size
     (and the draft's step) as the median of its recent ratios to it, and an estimate is the two
     multiplied. Unmeasured batch sizes are interpolated between the nearest measured ones; past the
