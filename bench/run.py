@@ -421,7 +421,20 @@ def rss_child(argv: list[str]) -> None:
     with Engine(LoadSettings(target=a.target, draft=a.draft, n_ctx=a.ctx, n_threads=a.threads)) as eng:
         ids = eng.chat_prompt([{"role": "user", "content": a.prompt}])
         eng.run(ids, GenerationSettings(mode=a.mode, max_tokens=a.max_tokens, n_max=5, adaptive=False))
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # KiB -> MiB (Linux)
+    print(peak_rss_mb())
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set, MiB. On Linux from VmHWM: ``ru_maxrss`` also counts the
+    memory of the parent this process was forked from (the kernel keeps it across exec)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB -> MiB
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # bytes on macOS, KiB elsewhere
 
 
 def main(args: argparse.Namespace) -> int:

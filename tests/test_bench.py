@@ -45,3 +45,18 @@ def test_bench_runs_every_mode_and_combine_reports_medians(tiny_pair, tmp_path, 
     assert "code_edit, best of lookup and auto:" in report
     assert "lookup bound" in report
     assert "Median over 2 runs" in report
+
+
+def test_peak_rss_of_a_child_does_not_count_its_parent() -> None:
+    """Linux keeps a forked parent's peak in the child's ru_maxrss across exec; VmHWM does not."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    big = bytearray(400 * 2**20)
+    big[:: 4096] = b"\x01" * len(big[:: 4096])  # touch every page
+    code = "from bench.run import peak_rss_mb; print(peak_rss_mb())"
+    repo = Path(bench_run.__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo, check=True)
+    assert float(out.stdout) < 200, out.stdout
+    del big
