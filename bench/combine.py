@@ -31,7 +31,12 @@ def load(paths: list[Path]) -> list[dict[str, Any]]:
     replies that left plain decoding's text at a numerical tie."""
     runs = []
     for p in paths:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        try:
+            data = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"cannot read benchmark results {p}: {e}") from None
+        if not isinstance(data, dict) or "runs" not in data:
+            raise SystemExit(f"{p} is not a file written by tandem bench")
         summary = dict(data.get("summary") or summarize(data))
         summary["_diverged"] = [
             (r["id"], r["category"], r["mode"], r["first_difference"])

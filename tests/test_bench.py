@@ -60,3 +60,12 @@ def test_peak_rss_of_a_child_does_not_count_its_parent() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo, check=True)
     assert float(out.stdout) < 200, out.stdout
     del big
+
+
+def test_combine_answers_bad_input_with_one_line(tmp_path) -> None:
+    import pytest
+
+    (tmp_path / "x.json").write_text('{"a": 1}', encoding="utf-8")
+    for name, says in (("missing.json", "cannot read"), ("x.json", "not a file written by tandem bench")):
+        with pytest.raises(SystemExit, match=says):
+            combine.main([str(tmp_path / name)])
