@@ -6,12 +6,14 @@ import pytest
 
 from app.engine.auto import (
     LOOKUP_CLASSES,
+    MODEL_CLASSES,
     PAUSED,
     Acceptance,
     AutoDrafter,
     MeasuredCosts,
     best_length,
     lookup_class,
+    model_class,
 )
 from app.engine.drafters import LookupDrafter
 from app.engine.engine import Engine, GenerationSettings, LoadSettings
@@ -217,9 +219,8 @@ def test_auto_probes_a_paused_draft_in_a_long_reply(tiny_pair) -> None:
     """GPU-like verify costs but a draft model that rarely helps: auto pauses it, then re-probes."""
     poor = SyntheticCosts(base=0.010, slope=0.004, draft=0.004)
     with Engine(LoadSettings(str(tiny_pair.target), str(tiny_pair.draft), n_ctx=2048), costs=poor) as eng:
-        eng._drafter(GenerationSettings(mode="auto", n_max=6)).acc["model"] = Acceptance(
-            6, prior=0.05, weight=50
-        )
+        auto = eng._drafter(GenerationSettings(mode="auto", n_max=6))
+        auto.model_acc = [Acceptance(6, prior=0.05, weight=50) for _ in auto.model_acc]
         st = steps(eng, PROMPTS[1], n_max=6, max_tokens=400)
     probes = [s for s in st if "probing" in s.reason]
     assert any(s.reason == PAUSED for s in st)
@@ -271,8 +272,9 @@ def test_draft_evaluates_the_prompt_up_front_only_while_it_could_pay() -> None:
         assert draft.evaluate == [eager], costs
     draft = RecordingDraft()
     auto = AutoDrafter(draft, LookupDrafter(), n_max=6, costs=GPU_LIKE)  # type: ignore[arg-type]
-    for _ in range(3):  # recent model rounds delivered less than plain rounds
-        auto._realized["model"].add(1, 1.0)
+    for _ in range(3):  # recent model rounds delivered less than plain rounds, however sure the target
+        for c in range(len(MODEL_CLASSES)):
+            auto._realized[f"model{c}"].add(1, 1.0)
         auto._realized["none"].add(1, 0.1)
     auto.begin([1, 2, 3])
     assert draft.evaluate == [False]
@@ -284,15 +286,15 @@ def test_probe_rounds_are_not_judged_and_a_good_probe_clears_the_guard() -> None
 
     auto = AutoDrafter(RecordingDraft(), LookupDrafter(), n_max=6, costs=GPU_LIKE)  # type: ignore[arg-type]
     for _ in range(3):
-        auto._realized["model"].add(1, 1.0)
+        auto._realized["model0"].add(1, 1.0)
         auto._realized["none"].add(1, 0.1)
-    assert auto._losing("model")
-    auto.acc["model"] = Acceptance(6, prior=0.95, weight=1e6)  # the probe finds the draft right again
+    assert auto._losing("model0")
+    auto.model_acc[0] = Acceptance(6, prior=0.95, weight=1e6)  # the probe finds the draft right again
     auto._probing = True
     probe = Proposal((5, 6), (None, None), (0.9, 0.9), "model", 0.01, n_steps=1, t_steps=0.001)
     auto.observe(probe, Outcome("model", 2, 2, 3, 0.01, 0.02))
-    assert auto._realized["model"].n == 0  # judged afresh from the next real rounds
-    assert not auto._losing("model")
+    assert auto._realized["model0"].n == 0  # judged afresh from the next real rounds
+    assert not auto._losing("model0")
 
 
 def test_losing_short_lookup_matches_do_not_stop_long_ones() -> None:
@@ -308,3 +310,91 @@ def test_losing_short_lookup_matches_do_not_stop_long_ones() -> None:
     auto.begin(short)
     tried = [bool(auto.propose(short, 6, None, None).tokens) for _ in range(7)]  # type: ignore[arg-type]
     assert tried == [True, False, True, False, False, False, True]  # the losing class backs off
+
+
+class SureDraft(StaleDraft):
+    """A draft model stand-in that proposes ``len`` tokens, each with the given confidence."""
+
+    name = "model"
+
+    def __init__(self, pending: int = 1, confidence: float = 0.99):
+        super().__init__(pending)
+        self.confidence = confidence
+        self.asked: list[int] = []
+
+    def begin(self, prompt, *, evaluate: bool = True) -> float:
+        return 0.0
+
+    def propose(self, tokens, k, params, rng, *, keep_going=None):
+        from app.engine.drafters import Proposal
+
+        ids: list[int] = []
+        for j in range(k):
+            ids.append(7)
+            if keep_going is not None and not keep_going(j, [self.confidence] * len(ids)):
+                break
+        self.asked.append(k)
+        n = len(ids)
+        return Proposal(tuple(ids), (None,) * n, (self.confidence,) * n, "model", 0.0, n_steps=n, t_steps=0.0)
+
+
+def test_model_class_follows_the_targets_confidence() -> None:
+    assert model_class([]) == 0  # nothing known yet: the most cautious class
+    assert model_class([1.0, 0.4, 1.0]) == 0  # one hesitant token is enough to hesitate
+    assert model_class([0.95, 1.0, 0.999]) == 1
+    assert model_class([1.0, 0.995, 0.999]) == len(MODEL_CLASSES) - 1
+    priors = [p for _, p in MODEL_CLASSES]
+    assert priors == sorted(priors)  # the surer the target, the likelier the draft agrees
+
+
+def test_auto_drafts_with_the_model_only_where_the_target_is_sure() -> None:
+    from app.engine.auto import Outcome
+    from app.engine.drafters import EMPTY
+
+    text = list(range(200, 260))  # no n-gram repeats: prompt lookup has nothing to offer
+    auto = AutoDrafter(SureDraft(), LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
+    auto.begin(text)
+    auto.observe(EMPTY, Outcome("none", 0, 0, 1, 0.1, 0.1, confidence=(0.6,)))
+    hesitant = auto.propose(text, 6, None, None)  # type: ignore[arg-type]
+    assert not hesitant.tokens and hesitant.reason == PAUSED
+    for _ in range(3):
+        auto.observe(EMPTY, Outcome("none", 0, 0, 1, 0.1, 0.1, confidence=(1.0,)))
+    sure = auto.propose(text, 6, None, None)  # type: ignore[arg-type]
+    assert sure.source == "model" and len(sure.tokens) >= 2, sure.reason
+    assert "target 100% sure" in sure.reason
+
+
+def test_model_drafts_on_past_a_costly_batch_size_when_cheaper_ones_follow() -> None:
+    """On a CPU a batch of 4 can cost what a batch of 3 does: judge the whole draft, not one step."""
+
+    class Lumpy(SyntheticCosts):
+        def verify(self, batch: int) -> float:
+            return {1: 0.1, 2: 0.15, 3: 0.21, 4: 0.21, 5: 0.25}.get(batch, 0.25 + 0.05 * (batch - 5))
+
+    auto = AutoDrafter(SureDraft(), LookupDrafter(), n_max=6, costs=Lumpy(0.1, 0.0, 0.045))  # type: ignore[arg-type]
+    keep_going = auto._continue_rule(auto.model_acc[-1], 6)
+    assert keep_going(1, [0.99, 0.99])  # a 3rd token costs 0.06 s more, but a 4th is then nearly free
+    assert not keep_going(1, [0.99, 0.2])  # an unlikely 2nd token: more drafting cannot pay
+
+
+def test_catching_up_the_draft_is_spread_over_the_reply_left() -> None:
+    text = list(range(300, 400))
+    far_behind = SureDraft(pending=40)
+    auto = AutoDrafter(far_behind, LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
+    auto.begin(text)
+    auto._target_conf.extend([1.0] * 3)
+    assert auto.propose(text, 200, None, None).source == "model"  # type: ignore[arg-type]  # long reply left
+    auto.begin(text)
+    auto._target_conf.extend([1.0] * 3)
+    assert not auto.propose(text, 4, None, None).tokens  # type: ignore[arg-type]  # a few tokens left: not worth it
+
+
+def test_the_loop_reports_the_targets_confidence_to_auto_mode(tiny_pair) -> None:
+    with Engine(LoadSettings(str(tiny_pair.target), str(tiny_pair.draft), n_ctx=2048)) as eng:
+        auto = eng._drafter(GenerationSettings(mode="auto", n_max=6))
+        seen: list[float] = []
+        observe = auto.observe
+        auto.observe = lambda p, o: (seen.extend(o.confidence), observe(p, o))[1]  # type: ignore[method-assign]
+        steps(eng, PROMPTS[0], n_max=6, max_tokens=24)
+    assert seen and all(0.0 < c <= 1.0 for c in seen)
+    assert list(auto._target_conf) == seen[-len(auto._target_conf) :]

@@ -70,9 +70,8 @@ def greedy_token(logits: np.ndarray, history: Sequence[int], params: SamplingPar
 
 def top_probability(logits: np.ndarray) -> float:
     """The largest softmax probability of raw ``logits`` (the draft's confidence in greedy mode)."""
-    x = np.asarray(logits, dtype=np.float64)
-    m = x.max()
-    return float(1.0 / np.exp(x - m).sum())
+    x = np.asarray(logits, dtype=np.float32)
+    return float(1.0 / np.exp(x - x.max()).sum(dtype=np.float64))
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:

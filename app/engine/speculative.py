@@ -157,6 +157,12 @@ def generate(
             target.rollback(n + n_accepted)  # keep through the last accepted draft token
             policy.observe(len(proposal.tokens), n_accepted)
             if drafter is not None and hasattr(drafter, "observe"):
+                # how sure the target was of the last tokens it added (row j chose new[j])
+                want = getattr(drafter, "wants_target_confidence", 0)
+                sure = tuple(
+                    sampling.top_probability(target.ctx.logits(j))
+                    for j in range(max(0, len(new) - want), len(new) if want else 0)
+                )
                 drafter.observe(
                     proposal,
                     Outcome(
@@ -166,6 +172,7 @@ def generate(
                         1 + len(proposal.tokens),
                         t_llama_verify,
                         time.perf_counter() - t0,
+                        sure,
                     ),
                 )
             t_verify = time.perf_counter() - t1
