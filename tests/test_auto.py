@@ -119,8 +119,11 @@ def test_long_lookup_matches_draft_longer_than_short_ones() -> None:
     """A short n-gram match is often a coincidence; a long one is a copy in progress."""
     cpu = SyntheticCosts(base=0.100, slope=0.04, draft=0.05)
     auto = AutoDrafter(None, LookupDrafter(), n_max=8, costs=cpu)
-    k = [best_length(auto.lookup_acc[lookup_class(m)], cpu, 0.0, 8, 0.03).k for m in (2, 4, 7, 12)]
-    assert k == sorted(k) and k[0] < k[-1]
+    for sure in (0, 1):
+        k = [best_length(auto.lookup_acc[lookup_class(m)][sure], cpu, 0.0, 8, 0.03).k for m in (2, 4, 7, 12)]
+        assert k == sorted(k) and k[0] < k[-1]
+    unsure_short, sure_short = (best_length(a, cpu, 0.0, 8, 0.03).k for a in auto.lookup_acc[1])
+    assert unsure_short < sure_short  # a short match in hesitant prose is a coincidence more often
     assert [lookup_class(m) for m in (2, 3, 5, 6, 9, 40)] == [0, 1, 1, 2, 3, 3]
     assert len(auto.lookup_acc) == len(LOOKUP_CLASSES)
 
@@ -308,6 +311,7 @@ def test_losing_short_lookup_matches_do_not_stop_long_ones() -> None:
     assert copy.source == "lookup" and copy.match >= 9 and len(copy.tokens) >= 1
     short = [1, 2, 9, 7, 7, 1, 2]
     auto.begin(short)
+    auto._target_conf.extend([1.0] * 3)  # where the target is sure, short matches are worth a try
     tried = [bool(auto.propose(short, 6, None, None).tokens) for _ in range(7)]  # type: ignore[arg-type]
     assert tried == [True, False, True, False, False, False, True]  # the losing class backs off
 
