@@ -402,3 +402,27 @@ def test_the_loop_reports_the_targets_confidence_to_auto_mode(tiny_pair) -> None
         steps(eng, PROMPTS[0], n_max=6, max_tokens=24)
     assert seen and all(0.0 < c <= 1.0 for c in seen)
     assert list(auto._target_conf) == seen[-len(auto._target_conf) :]
+
+
+def test_a_reply_unlike_the_pool_is_followed_within_the_reply() -> None:
+    from app.engine.auto import ReplyAcceptance
+
+    cpu = SyntheticCosts(base=0.100, slope=0.050, draft=0.050)  # a batch of 2 costs 1.5 steps
+    settled = Acceptance(6, prior=0.83, weight=1e6)  # what many replies taught
+    prose = ReplyAcceptance(settled)
+    assert best_length(prose, cpu, 0.0, 6, 0.03).k > 0
+    for _ in range(3):  # this reply's matches keep failing at the first token
+        prose.observe(3, 0)
+    assert best_length(prose, cpu, 0.0, 6, 0.03).k == 0
+    assert settled.alpha(0) > 0.8  # the pooled estimate is untouched
+    json_reply = ReplyAcceptance(Acceptance(6, prior=0.9, weight=1e6))
+    for _ in range(4):
+        json_reply.observe(5, 5)
+    assert json_reply.alpha(0) > 0.94 and json_reply.overall() > 0.94
+
+    auto = AutoDrafter(None, LookupDrafter(), n_max=6, costs=cpu)
+    auto.begin([1, 2, 3])
+    auto._estimate("lookup", 1).observe(3, 0)
+    assert auto._estimate("lookup", 1).trials[0] == 1
+    auto.begin([1, 2, 3])  # a new reply starts from the pooled estimate again
+    assert auto._estimate("lookup", 1).trials[0] == 0

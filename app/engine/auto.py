@@ -3,16 +3,22 @@
 Before each round the :class:`AutoDrafter` picks the draft length ``k`` (0 = plain decoding) that
 maximizes expected tokens per second::
 
-    rate(k) = E[tokens | k] / (k * draft_cost + verify_cost(k + 1))
+    rate(k) = E[tokens | k] / (k * draft_cost + verify_cost(k + 1) + catch_up)
     E[tokens | k] = 1 + sum_{i=1..k} prod_{j<=i} a_j
 
-where ``a_j`` is the measured chance that the j-th draft token is accepted when the ones before it
-were, ``draft_cost`` the draft's seconds per token and ``verify_cost(b)`` the target's seconds for a
-batch of ``b`` tokens (both :class:`MeasuredCosts`). Prompt lookup is tried first (its drafts cost
-almost nothing); the draft model next. While a model draft is being made, it stops as soon as the
-next token is no longer expected to pay for itself, judged from the draft's own confidence through a
-calibration of confidence to acceptance. When drafting does not pay, the drafter pauses and re-probes
-now and then (with exponential back-off) so it notices when drafting starts to pay.
+where ``a_j`` is the chance that the j-th draft token is accepted when the ones before it were,
+``draft_cost`` the draft's seconds per token, ``verify_cost(b)`` the target's seconds for a batch of
+``b`` tokens (both :class:`MeasuredCosts`) and ``catch_up`` this round's share of bringing the draft
+model up to date with text decoded without it.
+
+Acceptance is learned per class of situation, pooled over replies and followed within each reply
+(:class:`ReplyAcceptance`): for prompt lookup by the length of the match the draft was copied from
+and by whether the target was sure of the last few tokens; for the draft model by how sure the
+target was of the last few tokens (where it was, the draft nearly always agrees). Prompt lookup is
+tried first (its drafts cost almost nothing); the draft model next. A model draft goes on while a
+longer draft, judged from the draft's own confidence so far, is expected to deliver more tokens per
+second. When drafting does not pay, the drafter pauses and re-probes now and then (with exponential
+back-off) so it notices when drafting starts to pay.
 """
 
 from __future__ import annotations
@@ -247,6 +253,45 @@ class Acceptance:
         return total
 
 
+class ReplyAcceptance:
+    """This reply's own evidence on top of a pooled :class:`Acceptance` (its prior).
+
+    A pooled estimate learns over many replies, so a reply that differs from the rest (prose where
+    short n-gram matches keep failing, a JSON reply the draft gets right every time) would take many
+    rounds to move it. Here each position's estimate starts at the pooled one and follows this
+    reply's outcomes with the weight of ``weight`` pooled samples.
+    """
+
+    __slots__ = ("hits", "pooled", "trials", "weight")
+
+    def __init__(self, pooled: Acceptance, weight: float = 4.0):
+        self.pooled, self.weight = pooled, weight
+        self.hits = [0.0] * len(pooled.hits)
+        self.trials = [0.0] * len(pooled.hits)
+
+    def observe(self, n_drafted: int, n_accepted: int) -> None:
+        for i in range(min(n_drafted, n_accepted + 1, len(self.hits))):
+            self.hits[i] += i < n_accepted
+            self.trials[i] += 1
+
+    def overall(self) -> float:
+        prior = self.pooled.overall()
+        return (sum(self.hits) + prior * self.weight) / (sum(self.trials) + self.weight)
+
+    def alpha(self, i: int) -> float:
+        prior = self.pooled.alpha(i)
+        if i >= len(self.hits) or not self.trials[i]:
+            return prior
+        return (self.hits[i] + prior * self.weight) / (self.trials[i] + self.weight)
+
+    def expected_tokens(self, k: int) -> float:
+        total, reach = 1.0, 1.0
+        for i in range(k):
+            reach *= self.alpha(i)
+            total += reach
+        return total
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     k: int
@@ -255,7 +300,12 @@ class Plan:
 
 
 def best_length(
-    acc: Acceptance, costs: CostModel, draft_cost: float, limit: int, margin: float, overhead: float = 0.0
+    acc: Acceptance | ReplyAcceptance,
+    costs: CostModel,
+    draft_cost: float,
+    limit: int,
+    margin: float,
+    overhead: float = 0.0,
 ) -> Plan:
     """The draft length in 0..limit with the highest expected tokens/s.
 
@@ -353,6 +403,7 @@ class AutoDrafter:
             for _, sure, unsure in LOOKUP_CLASSES
         ]
         self._sure = 0  # whether the target was sure of the last tokens when this round was planned
+        self._reply: dict[tuple[str, int, int], ReplyAcceptance] = {}  # this reply's evidence, by class
         self.probe_every = probe_every
         self.probe_max = probe_max
         self._probe_interval = probe_every
@@ -380,6 +431,7 @@ class AutoDrafter:
 
     def begin(self, prompt: Sequence[int]) -> float:
         self._target_conf.clear()
+        self._reply.clear()
         self._class_share = [1 / len(MODEL_CLASSES)] * len(MODEL_CLASSES)
         t = self.lookup.begin(prompt)
         if self.model is not None:
@@ -397,7 +449,7 @@ class AutoDrafter:
             return False
         return not all(self._losing(f"model{c}") for c in range(len(MODEL_CLASSES)))
 
-    def _continue_rule(self, acc: Acceptance, limit: int):
+    def _continue_rule(self, acc: Acceptance | ReplyAcceptance, limit: int):
         """Keep drafting while a longer draft is expected to deliver more tokens per second.
 
         After ``n`` draft tokens whose chances of acceptance come from the draft's own confidence, the
@@ -447,7 +499,7 @@ class AutoDrafter:
         found = self.lookup.propose(tokens, limit, params, rng)
         if found.tokens:
             c = lookup_class(found.match)
-            acc = self.lookup_acc[c][self._sure]
+            acc = self._estimate("lookup", c)
             plan = best_length(acc, self.costs, 0.0, len(found.tokens), self.margin)
             if plan.k > 0 and self._losing(f"lookup{c}"):  # try again only now and then, with back-off
                 self._lookup_skip[c] += 1
@@ -476,7 +528,7 @@ class AutoDrafter:
         self._since_model += 1
         c = self._model_class = model_class(self._target_conf)
         self._class_share = [0.9 * x + 0.1 * (i == c) for i, x in enumerate(self._class_share)]
-        acc = self.model_acc[c]
+        acc = self._estimate("model", c)
         if d is None or self.costs.verify(2) is None:
             plan = Plan(min(2, limit), 0.0, 0.0) if self.costs.verify(1) is not None else Plan(0, 0.0, 0.0)
             reason = "measuring the draft model" if plan.k else "measuring plain decoding"
@@ -502,6 +554,15 @@ class AutoDrafter:
         room = plan.k if self._probing else limit
         prop = self.model.propose(tokens, room, params, rng, keep_going=self._continue_rule(acc, room))
         return replace(prop, planned=plan.k, reason=reason, t=time.perf_counter() - t0)
+
+    def _estimate(self, source: str, c: int) -> ReplyAcceptance:
+        """Acceptance in this reply for a class of ``source`` ("lookup": also by the target's sureness)."""
+        key = (source, c, self._sure if source == "lookup" else 0)
+        est = self._reply.get(key)
+        if est is None:
+            pooled = self.lookup_acc[c][self._sure] if source == "lookup" else self.model_acc[c]
+            est = self._reply[key] = ReplyAcceptance(pooled)
+        return est
 
     def _sync_per_token(self, draft_cost: float) -> float:
         """The draft's seconds per token when catching up (a batch: cheaper than drafting)."""
@@ -559,13 +620,15 @@ class AutoDrafter:
         if proposal.source == "model" and proposal.n_sync > 2:
             self._sync_cost.add(proposal.t_sync / proposal.n_sync)
         if proposal.source == "lookup":
-            acc = self.lookup_acc[lookup_class(proposal.match)][self._sure]
-            acc.observe(outcome.n_drafted, outcome.n_accepted, proposal.confidence)
+            c = lookup_class(proposal.match)
+            self.lookup_acc[c][self._sure].observe(outcome.n_drafted, outcome.n_accepted, proposal.confidence)
+            self._estimate("lookup", c).observe(outcome.n_drafted, outcome.n_accepted)
         elif proposal.source == "model":
             for acc in (self.acc["model"], self.model_acc[self._model_class]):
                 acc.observe(outcome.n_drafted, outcome.n_accepted, proposal.confidence)
+            self._estimate("model", self._model_class).observe(outcome.n_drafted, outcome.n_accepted)
         if self._probing:
-            acc = self.model_acc[self._model_class]
+            acc = self._estimate("model", self._model_class)
             plan = best_length(acc, self.costs, self.costs.draft_step() or 0.0, self.n_max, self.margin)
             if plan.k:  # drafting pays again: judge the next real rounds afresh
                 self._probe_interval = self.probe_every
