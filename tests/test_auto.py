@@ -178,7 +178,7 @@ def test_auto_with_expensive_verify_pauses_drafting_and_says_why(engines) -> Non
     st = [s for p in PROMPTS for s in steps(dear, p, n_max=6)]
     paused = [s for s in st if s.reason == PAUSED]
     assert paused and all(s.k == 0 and s.n_drafted == 0 for s in paused)
-    # verifying b tokens costs b plain steps: the model cannot pay even at 95% acceptance, so it is
+    # verifying b tokens costs b plain steps: the model cannot pay even at 98% acceptance, so it is
     # never run (not even to probe)
     assert not [s for s in st if s.drafter == "model"]
 
@@ -215,7 +215,7 @@ def test_probes_only_when_finding_out_can_pay_for_the_catch_up() -> None:
     assert not auto._probe_due([], CPU_LIKE.draft_step(), 6)  # never before the back-off interval
     auto = AutoDrafter(StaleDraft(1), LookupDrafter(), n_max=6, costs=EXPENSIVE)  # type: ignore[arg-type]
     auto._since_model, auto._remaining = 10**6, 10**6
-    assert not auto._probe_due([], EXPENSIVE.draft_step(), 6)  # cannot pay even at 95 % acceptance
+    assert not auto._probe_due([], EXPENSIVE.draft_step(), 6)  # cannot pay even at 98 % acceptance
 
 
 def test_auto_probes_a_paused_draft_in_a_long_reply(tiny_pair) -> None:
