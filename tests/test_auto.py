@@ -15,7 +15,7 @@ from app.engine.auto import (
     lookup_class,
     model_class,
 )
-from app.engine.drafters import LookupDrafter
+from app.engine.drafters import LookupDrafter, Proposal, common_prefix
 from app.engine.engine import Engine, GenerationSettings, LoadSettings
 from app.engine.events import Step
 
@@ -302,18 +302,41 @@ def test_probe_rounds_are_not_judged_and_a_good_probe_clears_the_guard() -> None
 
 def test_losing_short_lookup_matches_do_not_stop_long_ones() -> None:
     auto = AutoDrafter(None, LookupDrafter(), n_max=6, costs=CPU_LIKE)
-    for _ in range(3):  # coincidental 2-token matches have been losing
-        auto._realized["lookup0"].add(1, 1.0)
-        auto._realized["none"].add(1, 0.1)
+
+    def short_matches_lose() -> None:
+        for _ in range(3):  # coincidental 2-token matches have been losing in this reply
+            auto._realized["lookup0"].add(1, 1.0)
+            auto._realized["none"].add(1, 0.1)
+
     text = list(range(100, 120))
     auto.begin(text)
+    short_matches_lose()
     copy = auto.propose([*text, *range(100, 112)], 6, None, None)  # type: ignore[arg-type]
     assert copy.source == "lookup" and copy.match >= 9 and len(copy.tokens) >= 1
     short = [1, 2, 9, 7, 7, 1, 2]
     auto.begin(short)
     auto._target_conf.extend([1.0] * 3)  # where the target is sure, short matches are worth a try
+    short_matches_lose()
     tried = [bool(auto.propose(short, 6, None, None).tokens) for _ in range(7)]  # type: ignore[arg-type]
     assert tried == [True, False, True, False, False, False, True]  # the losing class backs off
+    auto.begin(short)  # the next reply judges prompt lookup afresh
+    auto._target_conf.extend([1.0] * 3)
+    assert auto.propose(short, 6, None, None).tokens  # type: ignore[arg-type]
+
+
+def test_model_rounds_that_take_longer_than_predicted_correct_the_plan() -> None:
+    from app.engine.auto import Outcome
+
+    auto = AutoDrafter(SureDraft(), LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
+    assert auto._model_overrun() == 1.0
+    round_ = Proposal((7, 7, 7), (None,) * 3, (0.99,) * 3, "model", 0.0, n_steps=3, t_steps=0.15)
+    predicted = 3 * CPU_LIKE.draft_step() + CPU_LIKE.verify(4)
+    for _ in range(5):  # model rounds take 30 % longer than their parts timed alone
+        auto.observe(round_, Outcome("model", 3, 3, 4, CPU_LIKE.verify(4), 1.3 * predicted))
+    assert auto._model_overrun() == pytest.approx(1.3)
+    sure = Acceptance(6, prior=0.97, weight=1e6)
+    assert best_length(sure, CPU_LIKE, CPU_LIKE.draft_step(), 6, 0.03).k > 0
+    assert best_length(sure, CPU_LIKE, CPU_LIKE.draft_step(), 6, 0.03, scale=auto._model_overrun()).k == 0
 
 
 class SureDraft(StaleDraft):
@@ -426,3 +449,18 @@ def test_a_reply_unlike_the_pool_is_followed_within_the_reply() -> None:
     assert auto._estimate("lookup", 1).trials[0] == 1
     auto.begin([1, 2, 3])  # a new reply starts from the pooled estimate again
     assert auto._estimate("lookup", 1).trials[0] == 0
+
+
+def test_accepted_draft_tokens_are_not_counted_as_catch_up(tiny_pair) -> None:
+    """After a drafted round the draft lags by at most its last draft token and the target's token."""
+    with Engine(LoadSettings(str(tiny_pair.target), str(tiny_pair.draft), n_ctx=2048)) as eng:
+        model = eng._model_drafter
+        assert model is not None
+        prompt = eng.tokenize(PROMPTS[2])
+        gs = GenerationSettings(mode="speculative", n_max=4, adaptive=False, max_tokens=24)
+        evs = list(eng.generate(prompt, gs))
+        drafted = [e for e in evs if isinstance(e, Step) and e.n_drafted]
+        assert drafted and any(e.n_accepted for e in drafted)
+        text = [*prompt, *evs[-1].tokens]
+        keep = common_prefix(model._cached, text)
+        assert model.pending(text) == max(1, len(text) - keep) <= 2

@@ -306,10 +306,12 @@ def best_length(
     limit: int,
     margin: float,
     overhead: float = 0.0,
+    scale: float = 1.0,
 ) -> Plan:
     """The draft length in 0..limit with the highest expected tokens/s.
 
-    ``overhead`` is a fixed cost in seconds of drafting at all this round (the draft catching up).
+    ``overhead`` is a fixed cost in seconds of drafting at all this round (the draft catching up);
+    ``scale`` corrects a drafted round's predicted cost by what such rounds really took.
     Drafting must beat plain decoding by ``margin`` (so a near-tie never costs speed); among draft
     lengths, the best rate wins and ties go to the shorter draft.
     """
@@ -322,7 +324,7 @@ def best_length(
         vk = costs.verify(k + 1)
         if vk is None:
             break
-        rate = acc.expected_tokens(k) / (k * draft_cost + vk + overhead)
+        rate = acc.expected_tokens(k) / ((k * draft_cost + vk + overhead) * scale)
         if rate > best.rate and rate > plain * (1 + margin):
             best = Plan(k, rate, plain)
     return best
@@ -419,6 +421,10 @@ class AutoDrafter:
         self._remaining = 0  # tokens this reply may still produce
         self._optimistic = Acceptance(n_max, prior=optimistic, weight=1e12)
         self._sync_cost = _Window(15)
+        # A model round takes longer than its parts timed alone (the two models evict each other's
+        # weights from the CPU caches, the draft's Python): the median ratio of what model rounds
+        # took to what the cost model predicted corrects its plans.
+        self._overrun = _Window(15)
         # What rounds really delivered, by kind: the cost model predicts, this checks. A drafter whose
         # recent rounds gave fewer tokens/s than plain rounds is paused whatever the model predicts
         # (costs it does not see: logits rows, cache effects, a busy machine).
@@ -433,6 +439,13 @@ class AutoDrafter:
         self._target_conf.clear()
         self._reply.clear()
         self._class_share = [1 / len(MODEL_CLASSES)] * len(MODEL_CLASSES)
+        # prompt lookup is judged per reply (its cost is just a batch; what differs between replies
+        # is acceptance, which is learned per reply too): a class losing in code must not pause it
+        # in the JSON reply that follows
+        for c in range(len(LOOKUP_CLASSES)):
+            self._realized[f"lookup{c}"].rounds.clear()
+        self._lookup_skip = [0] * len(LOOKUP_CLASSES)
+        self._lookup_every = [1] * len(LOOKUP_CLASSES)
         t = self.lookup.begin(prompt)
         if self.model is not None:
             # The draft evaluates the prompt now, batched with the target's prompt processing as in
@@ -533,7 +546,9 @@ class AutoDrafter:
             plan = Plan(min(2, limit), 0.0, 0.0) if self.costs.verify(1) is not None else Plan(0, 0.0, 0.0)
             reason = "measuring the draft model" if plan.k else "measuring plain decoding"
         else:
-            plan = best_length(acc, self.costs, d, limit, self.margin, self._catch_up(tokens, d))
+            plan = best_length(
+                acc, self.costs, d, limit, self.margin, self._catch_up(tokens, d), self._model_overrun()
+            )
             sure = min(self._target_conf, default=0.0)
             reason = (
                 f"draft model: target {sure:.0%} sure, {acc.overall():.0%} acceptance, "
@@ -564,6 +579,10 @@ class AutoDrafter:
             est = self._reply[key] = ReplyAcceptance(pooled)
         return est
 
+    def _model_overrun(self) -> float:
+        """What model rounds really took over what the cost model predicted (1.0 until measured)."""
+        return min(2.0, max(0.8, self._overrun.value)) if self._overrun.n >= 3 else 1.0
+
     def _sync_per_token(self, draft_cost: float) -> float:
         """The draft's seconds per token when catching up (a batch: cheaper than drafting)."""
         return self._sync_cost.value if self._sync_cost.n else 0.35 * draft_cost
@@ -576,7 +595,8 @@ class AutoDrafter:
         same class expected in what is left of the reply (how often this reply has been in the class,
         times the rounds left at a few tokens each; a long reply is counted as ``HORIZON`` tokens).
         """
-        behind = self.model.pending(tokens) - 1 if self.model is not None else 0  # 1: the usual step
+        # up to 2 are a drafted round's own (its last draft token and the target's), the rest is lag
+        behind = self.model.pending(tokens) - 2 if self.model is not None else 0
         if behind <= 0:
             self._amortized = 1.0
             return 0.0
@@ -608,11 +628,15 @@ class AutoDrafter:
         elif kind == "model":
             kind = f"model{self._model_class}"
         if kind in self._realized and not self._probing:  # a probe is short on purpose: not a sample
-            seconds = outcome.t_round
-            if proposal.n_sync > 1:  # the round's share of catching up, as the plan charged it
-                share = (proposal.n_sync - 1) / proposal.n_sync
-                seconds -= proposal.t_sync * share * (1 - 1 / self._amortized)
+            seconds, charged = outcome.t_round, 0.0
+            if proposal.n_sync > 2:  # the round's share of catching up, as the plan charged it
+                catch_up = proposal.t_sync * (proposal.n_sync - 2) / proposal.n_sync
+                charged = catch_up / self._amortized
+                seconds -= catch_up - charged
             self._realized[kind].add(outcome.n_accepted + 1, seconds)
+            d, v = self.costs.draft_step(), self.costs.verify(outcome.batch)
+            if kind.startswith("model") and d and v:
+                self._overrun.add(seconds / (outcome.n_drafted * d + v + charged))
         if outcome.batch == 1:
             self._since_plain = 0
         if proposal.source == "model" and proposal.n_steps:

@@ -99,8 +99,12 @@ class ModelDrafter:
             del self._cached[n:]
 
     def pending(self, tokens: Sequence[int]) -> int:
-        """About how many of ``tokens`` the draft would have to evaluate before drafting."""
-        return max(1, len(tokens) - min(self._stable, len(self._cached)))
+        """How many of ``tokens`` the draft would have to evaluate before drafting (at least 1).
+
+        Draft tokens the target accepted are already in the draft's cache and do not count.
+        """
+        keep = common_prefix(self._cached, tokens, min(self._stable, len(self._cached)))
+        return max(1, len(tokens) - keep)
 
     def _sync(self, tokens: Sequence[int]) -> float:
         """Bring the draft KV to ``tokens`` (decoding only unseen ones); leaves logits for the last."""
