@@ -9,7 +9,8 @@ maximizes expected tokens per second::
 where ``a_j`` is the chance that the j-th draft token is accepted when the ones before it were,
 ``draft_cost`` the draft's seconds per token, ``verify_cost(b)`` the target's seconds for a batch of
 ``b`` tokens (both :class:`MeasuredCosts`) and ``catch_up`` this round's share of bringing the draft
-model up to date with text decoded without it.
+model up to date with text decoded without it. A model round's predicted cost is scaled by how much
+longer such rounds really took (the models evict each other from the CPU caches).
 
 Acceptance is learned per class of situation, pooled over replies and followed within each reply
 (:class:`ReplyAcceptance`): for prompt lookup by the length of the match the draft was copied from
