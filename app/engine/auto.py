@@ -27,7 +27,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -246,13 +246,6 @@ class Acceptance:
         prior = (b + 0.5) / self.BINS
         return float((self.bin_hits[b] + prior * self.weight) / (self.bin_trials[b] + self.weight))
 
-    def expected_tokens(self, k: int) -> float:
-        total, reach = 1.0, 1.0
-        for i in range(k):
-            reach *= self.alpha(i)
-            total += reach
-        return total
-
 
 class ReplyAcceptance:
     """This reply's own evidence on top of a pooled :class:`Acceptance` (its prior).
@@ -285,12 +278,14 @@ class ReplyAcceptance:
             return prior
         return (self.hits[i] + prior * self.weight) / (self.trials[i] + self.weight)
 
-    def expected_tokens(self, k: int) -> float:
-        total, reach = 1.0, 1.0
-        for i in range(k):
-            reach *= self.alpha(i)
-            total += reach
-        return total
+
+def expected_tokens(alpha: Callable[[int], float], k: int) -> float:
+    """Tokens a round of ``k`` draft tokens yields on average: 1 + sum over i of prod_{j<=i} alpha(j)."""
+    total, reach = 1.0, 1.0
+    for i in range(k):
+        reach *= alpha(i)
+        total += reach
+    return total
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,7 +320,7 @@ def best_length(
         vk = costs.verify(k + 1)
         if vk is None:
             break
-        rate = acc.expected_tokens(k) / ((k * draft_cost + vk + overhead) * scale)
+        rate = expected_tokens(acc.alpha, k) / ((k * draft_cost + vk + overhead) * scale)
         if rate > best.rate and rate > plain * (1 + margin):
             best = Plan(k, rate, plain)
     return best
