@@ -536,6 +536,7 @@ class AutoDrafter:
         d = self.costs.draft_step()
         self._since_model += 1
         c = self._model_class = model_class(self._target_conf)
+        self._amortized = 1.0  # until this round's catch-up is planned (none while measuring)
         self._class_share = [0.9 * x + 0.1 * (i == c) for i, x in enumerate(self._class_share)]
         acc = self._estimate("model", c)
         if d is None or self.costs.verify(2) is None:
