@@ -125,7 +125,7 @@ def test_long_lookup_matches_draft_longer_than_short_ones() -> None:
     unsure_short, sure_short = (best_length(a, cpu, 0.0, 8, 0.03).k for a in auto.lookup_acc[1])
     assert unsure_short < sure_short  # a short match in hesitant prose is a coincidence more often
     assert [lookup_class(m) for m in (2, 3, 5, 6, 9, 40)] == [0, 1, 1, 2, 3, 3]
-    assert len(auto.lookup_acc) == len(LOOKUP_CLASSES)
+    assert len(auto.lookup_acc) == len(LOOKUP_CLASSES) + 1  # and the class of a resumed copy
 
 
 def test_a_pessimistic_lookup_class_is_tried_again_in_time() -> None:
@@ -322,6 +322,34 @@ def test_losing_short_lookup_matches_do_not_stop_long_ones() -> None:
     auto.begin(short)  # the next reply judges prompt lookup afresh
     auto._target_conf.extend([1.0] * 3)
     assert auto.propose(short, 6, None, None).tokens  # type: ignore[arg-type]
+
+
+def test_a_short_match_that_resumes_the_last_copy_after_an_edit_is_drafted() -> None:
+    """A reply rewriting its input picks the copy up again after each edit with a 2-token match."""
+    from app.engine.auto import RESUME, Outcome
+
+    source = list(range(100, 140))
+    prompt = [1, 2, *source, 3]
+    edited = [*prompt, *source[:16], 999, *source[17:19]]  # one token changed, then the copy goes on
+
+    def resumed_draft(copied_before: bool) -> Proposal:
+        auto = AutoDrafter(None, LookupDrafter(), n_max=6, costs=CPU_LIKE)
+        auto.begin(prompt)
+        if copied_before:
+            copy = auto.propose([*prompt, *source[:12]], 6, None, None)  # type: ignore[arg-type]
+            assert copy.match >= 9 and copy.tokens
+            n = len(copy.tokens)
+            auto.observe(copy, Outcome("lookup", n, n, n + 1, 0.2))  # all of it accepted
+        found = auto.lookup.propose(edited, 6, None, None)  # type: ignore[arg-type]
+        assert found.match == 2 and found.tokens[:2] == tuple(source[19:21])
+        if copied_before:
+            assert auto._lookup_class(found.match, len(edited) - found.origin) == RESUME
+            assert auto._lookup_class(found.match, len(edited) - found.origin + 5) == 0  # another place
+        return auto.propose(edited, 6, None, None)  # type: ignore[arg-type]
+
+    assert not resumed_draft(copied_before=False).tokens  # a lone 2-token match: a coincidence
+    resumed = resumed_draft(copied_before=True)
+    assert resumed.source == "lookup" and len(resumed.tokens) >= 2 and "resuming" in resumed.reason
 
 
 def test_model_rounds_that_take_longer_than_predicted_correct_the_plan() -> None:

@@ -13,8 +13,9 @@ model up to date with text decoded without it. A model round's predicted cost is
 longer such rounds really took (the models evict each other from the CPU caches).
 
 Acceptance is learned per class of situation, pooled over replies and followed within each reply
-(:class:`ReplyAcceptance`): for prompt lookup by the length of the match the draft was copied from
-and by whether the target was sure of the last few tokens; for the draft model by how sure the
+(:class:`ReplyAcceptance`): for prompt lookup by the length of the match the draft was copied from,
+by whether the target was sure of the last few tokens, and by whether a short match resumes the last
+accepted copy after a small edit; for the draft model by how sure the
 target was of the last few tokens (where it was, the draft nearly always agrees). Prompt lookup is
 tried first (its drafts cost almost nothing); the draft model next. A model draft goes on while a
 longer draft, judged from the draft's own confidence so far, is expected to deliver more tokens per
@@ -43,6 +44,14 @@ PAUSED = "drafting paused: verifying costs more than it saves on this machine"
 # a long one is a copy of the input in progress. A short match is twice as often right where the
 # target is sure (boilerplate, code) than in hesitant prose, where it continues a coincidence.
 LOOKUP_CLASSES = ((0, 0.5, 0.3), (3, 0.83, 0.55), (6, 0.85, 0.8), (9, 0.9, 0.9))
+# A short match that lies on the diagonal of the last accepted copy (where the reply's position minus
+# the copied text's position is the same, give or take RESUME_SHIFT tokens) resumes that copy after a
+# small edit: a reply that rewrites its input picks the copy up again with a 2-token match. In the
+# benchmark's replies such matches were right 3 times in 4; other 2-token matches 2 times in 5.
+RESUME = len(LOOKUP_CLASSES)  # the class of a short match that resumes the last copy
+RESUME_PRIOR = 0.75
+RESUME_SHIFT = 2  # tokens the edit may have inserted or deleted
+RESUME_BELOW = LOOKUP_CLASSES[2][0]  # matches this long are judged as copies in their own right
 RELAX = 0.995  # per round: evidence by class fades toward the prior (re-tries a class in time)
 
 # The draft model: (lowest target confidence, prior acceptance per token) of each class of stretch. The
@@ -398,8 +407,10 @@ class AutoDrafter:
         # (and by whether the target was sure of the last tokens: index 1 if so, 0 if not)
         self.lookup_acc = [
             (Acceptance(n_max, prior=unsure, weight=3.0), Acceptance(n_max, prior=sure, weight=3.0))
-            for _, sure, unsure in LOOKUP_CLASSES
+            for _, sure, unsure in (*LOOKUP_CLASSES, (0, RESUME_PRIOR, RESUME_PRIOR))
         ]
+        self._copy_diagonal: int | None = None  # context index minus copied index of the last copy
+        self._lookup_round = (0, 0)  # the class and diagonal of the lookup round being verified
         self._sure = 0  # whether the target was sure of the last tokens when this round was planned
         self._reply: dict[tuple[str, int, int], ReplyAcceptance] = {}  # this reply's evidence, by class
         self.probe_every = probe_every
@@ -427,9 +438,9 @@ class AutoDrafter:
         # (prompt lookup is judged per class of match: coincidences losing must not stop copies)
         self._realized = {"none": _Realized(16)}
         self._realized.update({f"model{c}": _Realized(6) for c in range(len(MODEL_CLASSES))})
-        self._realized.update({f"lookup{c}": _Realized(6) for c in range(len(LOOKUP_CLASSES))})
-        self._lookup_skip = [0] * len(LOOKUP_CLASSES)
-        self._lookup_every = [1] * len(LOOKUP_CLASSES)
+        self._realized.update({f"lookup{c}": _Realized(6) for c in range(len(self.lookup_acc))})
+        self._lookup_skip = [0] * len(self.lookup_acc)
+        self._lookup_every = [1] * len(self.lookup_acc)
 
     def begin(self, prompt: Sequence[int]) -> float:
         self._target_conf.clear()
@@ -438,10 +449,11 @@ class AutoDrafter:
         # prompt lookup is judged per reply (its cost is just a batch; what differs between replies
         # is acceptance, which is learned per reply too): a class losing in code must not pause it
         # in the JSON reply that follows
-        for c in range(len(LOOKUP_CLASSES)):
+        for c in range(len(self.lookup_acc)):
             self._realized[f"lookup{c}"].rounds.clear()
-        self._lookup_skip = [0] * len(LOOKUP_CLASSES)
-        self._lookup_every = [1] * len(LOOKUP_CLASSES)
+        self._lookup_skip = [0] * len(self.lookup_acc)
+        self._lookup_every = [1] * len(self.lookup_acc)
+        self._copy_diagonal = None
         t = self.lookup.begin(prompt)
         if self.model is not None:
             # The draft evaluates the prompt now, batched with the target's prompt processing as in
@@ -507,7 +519,9 @@ class AutoDrafter:
         self._sure = int(model_class(self._target_conf) == len(MODEL_CLASSES) - 1)
         found = self.lookup.propose(tokens, limit, params, rng)
         if found.tokens:
-            c = lookup_class(found.match)
+            diagonal = len(tokens) - found.origin
+            c = self._lookup_class(found.match, diagonal)
+            self._lookup_round = (c, diagonal)
             acc = self._estimate("lookup", c)
             plan = best_length(acc, self.costs, 0.0, len(found.tokens), self.margin)
             if plan.k > 0 and self._losing(f"lookup{c}"):  # try again only now and then, with back-off
@@ -527,7 +541,8 @@ class AutoDrafter:
                     q=found.q[:n],
                     confidence=found.confidence[:n],
                     planned=n,
-                    reason=f"prompt lookup: {found.match}-token match, "
+                    reason=f"prompt lookup: {found.match}-token match"
+                    f"{', resuming the copy' if c == RESUME else ''}, "
                     f"{plan.rate / plan.plain_rate:.2f}x expected",
                     t=time.perf_counter() - t0,
                 )
@@ -566,6 +581,13 @@ class AutoDrafter:
         room = plan.k if self._probing else limit
         prop = self.model.propose(tokens, room, params, rng, keep_going=self._continue_rule(acc, room))
         return replace(prop, planned=plan.k, reason=reason, t=time.perf_counter() - t0)
+
+    def _lookup_class(self, match: int, diagonal: int) -> int:
+        """The class of a lookup draft copied after a ``match``-token match on this ``diagonal``."""
+        last = self._copy_diagonal
+        if match < RESUME_BELOW and last is not None and abs(diagonal - last) <= RESUME_SHIFT:
+            return RESUME
+        return lookup_class(match)
 
     def _estimate(self, source: str, c: int) -> ReplyAcceptance:
         """Acceptance in this reply for a class of ``source`` ("lookup": also by the target's sureness)."""
@@ -621,7 +643,7 @@ class AutoDrafter:
         self._target_conf.extend(outcome.confidence)
         kind = proposal.source if proposal.tokens else "none"
         if kind == "lookup":
-            kind = f"lookup{lookup_class(proposal.match)}"
+            kind = f"lookup{self._lookup_round[0]}"
         elif kind == "model":
             kind = f"model{self._model_class}"
         if kind in self._realized and not self._probing:  # a probe is short on purpose: not a sample
@@ -641,7 +663,9 @@ class AutoDrafter:
         if proposal.source == "model" and proposal.n_sync > 2:
             self._sync_cost.add(proposal.t_sync / proposal.n_sync)
         if proposal.source == "lookup":
-            c = lookup_class(proposal.match)
+            c, diagonal = self._lookup_round
+            if outcome.n_accepted:
+                self._copy_diagonal = diagonal
             self.lookup_acc[c][self._sure].observe(outcome.n_drafted, outcome.n_accepted, proposal.confidence)
             self._estimate("lookup", c).observe(outcome.n_drafted, outcome.n_accepted)
         elif proposal.source == "model":

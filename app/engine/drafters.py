@@ -39,6 +39,7 @@ class Proposal:
     planned: int = -1  # the draft length the drafter planned (-1: the policy's choice)
     reason: str = ""  # why (empty: the policy's reason)
     match: int = 0  # lookup: how many tokens of the context's end matched where the draft was copied
+    origin: int = -1  # lookup: the context index the draft was copied from
 
 
 EMPTY = Proposal((), (), (), "none", 0.0)
@@ -265,6 +266,7 @@ class LookupDrafter:
                     self.name,
                     time.perf_counter() - t0,
                     match=m,
+                    origin=end,
                 )
         return Proposal((), (), (), self.name, time.perf_counter() - t0)
 
