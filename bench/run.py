@@ -57,6 +57,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-layers", type=int, default=0)
     p.add_argument("--limit", type=int, default=0, help="only the first N prompts")
     p.add_argument("--categories", default="", help="only these categories (comma-separated)")
+    p.add_argument(
+        "--shift",
+        type=int,
+        default=0,
+        help="start each prompt's rotation of the modes this many places further: give each run of a "
+        "series its own (0, 1, 2, ...) so that no mode runs in the same place on a prompt every time",
+    )
     p.add_argument("--out", type=Path, default=None, help="JSON results (default bench/results/<time>.json)")
     p.add_argument(
         "--no-rss", action="store_true", help="skip the peak-RSS measurement (two extra processes)"
@@ -128,7 +135,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for i, row in enumerate(prompts):
             ids = engine.chat_prompt([{"role": "user", "content": row["prompt"]}])
             order: list[Any] = [*modes, *(LCPP_MODES if args.llama_cpp else [])]
-            order = order[i % len(order) :] + order[: i % len(order)]
+            at = (i + args.shift) % len(order)
+            order = order[at:] + order[:at]
             plain_tokens = None
             runs = {}
             for m in order:
@@ -173,7 +181,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     )
                     j = r["first_difference"]
                     r["top2_gap_at_difference"] = engine.top2_gap(ids + plain_tokens[:j])
-                results.append({"id": row["id"], "category": row["category"], "mode": name, **r})
+                place = next(j for j, m in enumerate(order) if getattr(m, "name", m) == name)
+                results.append(
+                    {"id": row["id"], "category": row["category"], "mode": name, "position": place, **r}
+                )
             line = "  ".join(f"{n}={r['stats']['decode_tokens_per_second']:.1f}" for n, r in runs.items())
             print(f"[{i + 1}/{len(prompts)}] {row['id']} {row['category']}: {line} tok/s", file=sys.stderr)
     finally:
@@ -190,6 +201,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "temperature": 0.0,
             "prompts": str(args.prompts),
             "load_seconds": round(t_load, 2),
+            "shift": args.shift,
         },
         "runs": results,
     }

@@ -28,14 +28,23 @@ def bench_args(tiny_pair, tmp_path, out: str) -> argparse.Namespace:
 
 
 def test_bench_runs_every_mode_and_combine_reports_medians(tiny_pair, tmp_path, capsys) -> None:
-    for name in ("a.json", "b.json"):
-        assert bench_run.main(bench_args(tiny_pair, tmp_path, name)) == 0
+    for shift, name in enumerate(("a.json", "b.json")):
+        args = bench_args(tiny_pair, tmp_path, name)
+        args.shift = shift
+        assert bench_run.main(args) == 0
     printed = capsys.readouterr().out
     assert "| category | plain tok/s | spec3 | lookup | auto |" in printed
     data = json.loads((tmp_path / "a.json").read_text())
     assert {r["mode"] for r in data["runs"]} == {"plain", "spec3", "lookup", "auto"}
     assert all(r["same_as_plain"] or r["top2_gap_at_difference"] < 1e-3 for r in data["runs"])
     assert data["summary"]["all"]["plain"]["speedup"] == 1.0
+    # each prompt rotates the order of the modes; a run's shift moves every prompt's rotation on
+    second = json.loads((tmp_path / "b.json").read_text())
+    place = {(r["id"], r["mode"]): r["position"] for r in data["runs"]}
+    moved = {(r["id"], r["mode"]): r["position"] for r in second["runs"]}
+    assert place[("p0", "plain")] == 0 and place[("p1", "plain")] == 3
+    assert moved[("p0", "plain")] == 3 and moved[("p1", "plain")] == 2
+    assert second["settings"]["shift"] == 1
 
     assert combine.main([str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
     report = capsys.readouterr().out
