@@ -41,7 +41,13 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat-penalty", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--max-tokens", type=int, default=512)
-    p.add_argument("--n-max", type=int, default=8, help="most tokens drafted per round")
+    p.add_argument(
+        "--n-max",
+        type=int,
+        default=8,
+        help="most tokens drafted per round (auto mode: by the draft model; "
+        "its prompt lookup may copy up to 15 where verifying them pays)",
+    )
     p.add_argument("--n-min", type=int, default=1, help="fewest tokens drafted per round (adaptive)")
     p.add_argument("--p-min", type=float, default=0.0, help="stop drafting under this draft confidence")
     p.add_argument("--no-adaptive", action="store_true", help="always draft --n-max tokens")

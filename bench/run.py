@@ -208,7 +208,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def lookup_bound(
-    prompt: list[int], reply: list[int], ratio: Callable[[int], float], n_max: int = 8
+    prompt: list[int], reply: list[int], ratio: Callable[[int], float], n_max: int | None = None
 ) -> tuple[int, float]:
     """What an all-knowing prompt-lookup policy could reach on this reply with this machine's costs.
 
@@ -217,8 +217,10 @@ def lookup_bound(
     reply's tokens and the cost in decode steps (``ratio(b)``: a batch of b relative to one step), so
     tokens / cost is the best speedup any policy choosing only the draft length could get.
     """
+    from app.engine.auto import LOOKUP_MAX
     from app.engine.drafters import LookupDrafter
 
+    n_max = n_max or LOOKUP_MAX  # as long as auto mode's lookup drafts
     lookup = LookupDrafter()
     lookup.begin(prompt)
     pos, cost = 0, 0.0

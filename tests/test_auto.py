@@ -6,6 +6,7 @@ import pytest
 
 from app.engine.auto import (
     LOOKUP_CLASSES,
+    LOOKUP_MAX,
     MODEL_CLASSES,
     PAUSED,
     Acceptance,
@@ -352,6 +353,44 @@ def test_a_short_match_that_resumes_the_last_copy_after_an_edit_is_drafted() -> 
     assert resumed.source == "lookup" and len(resumed.tokens) >= 2 and "resuming" in resumed.reason
 
 
+class MeasuredCpu(SyntheticCosts):
+    """Verify costs as measured on a 2-core CPU (Qwen2.5 1.5B Q4_K_M): lumpy, 16 cheap per token."""
+
+    def verify(self, batch: int) -> float:
+        ratio = {1: 1.0, 2: 1.55, 3: 2.02, 4: 2.05, 5: 2.65, 6: 3.0, 7: 3.63, 8: 4.39, 9: 4.86, 16: 5.73}
+        r = ratio.get(batch) or (4.86 + (5.73 - 4.86) * (batch - 9) / 7 if batch < 16 else 5.73)
+        return 0.1 * r
+
+
+def test_a_long_copy_the_target_keeps_accepting_is_drafted_past_n_max() -> None:
+    """Prompt lookup drafts cost nothing: their length follows verify costs, not n_max."""
+    from app.engine.auto import LOOKUP_MAX, Outcome
+
+    costs = MeasuredCpu(0.1, 0.0, 0.05)
+    source = list(range(100, 180))
+    prompt = [1, 2, *source, 3]
+    auto = AutoDrafter(None, LookupDrafter(), n_max=6, costs=costs)
+    auto.begin(prompt)
+    first = auto.propose([*prompt, *source[:12]], 200, None, None)  # type: ignore[arg-type]
+    # a fresh copy: right about 9 times in 10 per token, so a batch of 4 pays best on this CPU
+    assert first.source == "lookup" and len(first.tokens) == 3
+    done = 12
+    for _ in range(4):  # the target accepts the copy again and again
+        prop = auto.propose([*prompt, *source[:done]], 200, None, None)  # type: ignore[arg-type]
+        n = len(prop.tokens)
+        auto.observe(prop, Outcome("lookup", n, n, n + 1, costs.verify(n + 1), costs.verify(n + 1)))
+        done += n + 1
+    long = auto.propose([*prompt, *source[:done]], 200, None, None)  # type: ignore[arg-type]
+    assert long.source == "lookup" and len(long.tokens) == LOOKUP_MAX > auto.n_max
+    assert "copy" in long.reason or "match" in long.reason
+    # the draft model's drafts stay within n_max
+    sure = AutoDrafter(SureDraft(), LookupDrafter(), n_max=6, costs=GPU_LIKE)  # type: ignore[arg-type]
+    sure.begin([5, 6, 7])
+    sure._target_conf.extend([1.0] * 3)
+    drafted = sure.propose([5, 6, 7], 200, None, None)  # type: ignore[arg-type]
+    assert drafted.source == "model" and 1 <= len(drafted.tokens) <= 6
+
+
 def test_model_rounds_that_take_longer_than_predicted_correct_the_plan() -> None:
     from app.engine.auto import Outcome
 
@@ -442,6 +481,16 @@ def test_catching_up_the_draft_is_spread_over_the_reply_left() -> None:
     auto.begin(text)
     auto._target_conf.extend([1.0] * 3)
     assert not auto.propose(text, 4, None, None).tokens  # type: ignore[arg-type]  # a few tokens left: not worth it
+
+
+def test_loading_times_the_batch_sizes_verification_uses(tiny_pair) -> None:
+    """Auto mode starts from measured costs, including a long prompt-lookup draft's batch."""
+    with Engine(LoadSettings(str(tiny_pair.target), str(tiny_pair.draft), n_ctx=512)) as eng:
+        costs = eng.costs
+        assert isinstance(costs, MeasuredCosts)
+        assert {b for b in Engine.WARM_UP_BATCHES if b > 1} <= set(costs._ratio)
+        assert max(Engine.WARM_UP_BATCHES) >= LOOKUP_MAX + 1
+        assert costs.verify(1) and costs.draft_step()
 
 
 def test_the_loop_reports_the_targets_confidence_to_auto_mode(tiny_pair) -> None:

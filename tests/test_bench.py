@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+import pytest
+
 from bench import combine
 from bench import run as bench_run
 
@@ -78,3 +80,21 @@ def test_combine_answers_bad_input_with_one_line(tmp_path) -> None:
     for name, says in (("missing.json", "cannot read"), ("x.json", "not a file written by tandem bench")):
         with pytest.raises(SystemExit, match=says):
             combine.main([str(tmp_path / name)])
+
+
+def test_lookup_bound_drafts_as_far_as_auto_modes_lookup_may() -> None:
+    """The bound copies as far as the target accepts, up to auto mode's lookup cap (not n_max)."""
+    from app.engine.auto import LOOKUP_MAX
+
+    source = list(range(100, 160))
+    prompt, reply = [1, 2, *source, 3], [*source[:2], *source[2:50]]
+
+    def cheap(b: int) -> float:  # a GPU: each extra batch token costs a tenth of a step
+        return 1 + 0.1 * (b - 1)
+
+    n, cost = bench_run.lookup_bound(prompt, reply, cheap)
+    n8, cost8 = bench_run.lookup_bound(prompt, reply, cheap, n_max=8)
+    assert n == n8 == len(reply)
+    assert cost < cost8  # rounds of 16 tokens against rounds of 9
+    # two plain steps until "100 101" matches the prompt, then three rounds of the whole cap
+    assert cost == pytest.approx(2 + 3 * cheap(LOOKUP_MAX + 1))

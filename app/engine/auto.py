@@ -53,6 +53,7 @@ RESUME_PRIOR = 0.75
 RESUME_SHIFT = 2  # tokens the edit may have inserted or deleted
 RESUME_BELOW = LOOKUP_CLASSES[2][0]  # matches this long are judged as copies in their own right
 RELAX = 0.995  # per round: evidence by class fades toward the prior (re-tries a class in time)
+RELAX_EVERY = 8  # rounds between two fadings (by RELAX to that power)
 
 # The draft model: (lowest target confidence, prior acceptance per token) of each class of stretch. The
 # target's confidence is the smallest top-token probability it gave the last few tokens; where it was
@@ -61,6 +62,10 @@ RELAX = 0.995  # per round: evidence by class fades toward the prior (re-tries a
 # accepted 74 % below 0.5, 84-88 % from 0.5 to 0.95, 92 % from 0.95 and 99 % from 0.99.
 MODEL_CLASSES = ((0.0, 0.75), (0.9, 0.88), (0.99, 0.97))
 CONFIDENCE_WINDOW = 3  # target tokens the class looks back over
+# Prompt lookup drafts cost nothing to make, so their length is bounded by what verifying them costs
+# rather than by n_max: on a CPU a batch of 16 can cost less per token than a batch of 4 (the kernels
+# change with the batch size), which pays in a long copy the target keeps accepting.
+LOOKUP_MAX = 15
 HORIZON = 256  # tokens of a reply counted on when spreading a catch-up of the draft
 TOKENS_PER_ROUND = 3.0  # about what a drafted round delivers, for counting rounds left
 
@@ -325,11 +330,14 @@ def best_length(
         return Plan(0, 0.0, 0.0)
     plain = 1.0 / v1
     best = Plan(0, plain, plain)
+    expected, reach = 1.0, 1.0  # expected_tokens(acc.alpha, k), built up one k at a time
     for k in range(1, limit + 1):
         vk = costs.verify(k + 1)
         if vk is None:
             break
-        rate = expected_tokens(acc.alpha, k) / ((k * draft_cost + vk + overhead) * scale)
+        reach *= acc.alpha(k - 1)
+        expected += reach
+        rate = expected / ((k * draft_cost + vk + overhead) * scale)
         if rate > best.rate and rate > plain * (1 + margin):
             best = Plan(k, rate, plain)
     return best
@@ -383,6 +391,7 @@ class AutoDrafter:
         lookup: LookupDrafter,
         *,
         n_max: int = 8,
+        lookup_max: int = LOOKUP_MAX,
         costs: CostModel | None = None,
         margin: float = 0.03,
         probe_every: int = 12,
@@ -393,7 +402,8 @@ class AutoDrafter:
     ):
         self.model = model
         self.lookup = lookup
-        self.n_max = n_max
+        self.n_max = n_max  # the draft model's longest draft
+        self.lookup_max = max(n_max, lookup_max)  # prompt lookup's
         self.costs: CostModel = costs or MeasuredCosts()
         self.margin = margin
         self.acc = {"model": Acceptance(n_max)}  # pooled: calibrates the draft's own confidence
@@ -406,7 +416,10 @@ class AutoDrafter:
         # prompt lookup's acceptance, by how long the match its draft was copied from is
         # (and by whether the target was sure of the last tokens: index 1 if so, 0 if not)
         self.lookup_acc = [
-            (Acceptance(n_max, prior=unsure, weight=3.0), Acceptance(n_max, prior=sure, weight=3.0))
+            (
+                Acceptance(self.lookup_max, prior=unsure, weight=3.0),
+                Acceptance(self.lookup_max, prior=sure, weight=3.0),
+            )
             for _, sure, unsure in (*LOOKUP_CLASSES, (0, RESUME_PRIOR, RESUME_PRIOR))
         ]
         self._copy_diagonal: int | None = None  # context index minus copied index of the last copy
@@ -420,6 +433,7 @@ class AutoDrafter:
         self._probing = False
         self.refresh_plain = refresh_plain
         self._since_plain = 0
+        self._rounds = 0  # rounds planned (for fading the evidence by class)
         # A probe makes the draft catch up with everything it has not seen. It is worth it only when
         # drafting could pay at all (even at an ``optimistic`` acceptance rate), and when the catch-up
         # costs less than what finding out could gain over the rest of this reply, discounted by the
@@ -508,16 +522,18 @@ class AutoDrafter:
         self._remaining = k + 1
         limit = min(k, self.n_max)
         self._probing = False
-        if limit <= 0:
+        if k <= 0:
             return Proposal((), (), (), "none", 0.0, reason="no room to draft", planned=0)
         self._since_plain += 1
         if self._since_plain > self.refresh_plain:  # keep the plain-decoding baseline current
             return Proposal((), (), (), "none", 0.0, reason="measuring plain decoding", planned=0)
         t0 = time.perf_counter()
-        for acc in (*(a for pair in self.lookup_acc for a in pair), *self.model_acc):
-            acc.relax(RELAX)
+        self._rounds += 1
+        if self._rounds % RELAX_EVERY == 0:  # in steps of a few rounds: it touches every class's arrays
+            for acc in (*(a for pair in self.lookup_acc for a in pair), *self.model_acc):
+                acc.relax(RELAX**RELAX_EVERY)
         self._sure = int(model_class(self._target_conf) == len(MODEL_CLASSES) - 1)
-        found = self.lookup.propose(tokens, limit, params, rng)
+        found = self.lookup.propose(tokens, min(k, self.lookup_max), params, rng)
         if found.tokens:
             diagonal = len(tokens) - found.origin
             c = self._lookup_class(found.match, diagonal)

@@ -99,7 +99,8 @@ class Engine:
         )
         self.has_chat_template = bool(template)
 
-    WARM_UP_BATCHES = (1, 2, 3, 4, 6, 9)  # verify costs timed at load (the rest are interpolated)
+    # verify costs timed at load (the rest are interpolated); 16 is a long prompt-lookup draft's batch
+    WARM_UP_BATCHES = (1, 2, 3, 4, 6, 9, 16)
 
     def _warm_up(self) -> None:
         """First evaluations allocate buffers and are slow: run them now, and seed auto mode's costs.
