@@ -139,6 +139,21 @@ def test_a_pessimistic_lookup_class_is_tried_again_in_time() -> None:
     assert acc.alpha(0) > 0.7  # back near the prior
 
 
+def test_lookup_acceptance_judges_the_first_token_apart_from_the_rest() -> None:
+    """A lookup draft is a copy (it goes on) or a coincidence (it fails at once): two priors."""
+    acc = Acceptance(8, prior=0.5, prior_rest=0.85, weight=3.0)
+    assert acc.alpha(0) == pytest.approx(0.5) and acc.alpha(5) == pytest.approx(0.85)
+    for _ in range(10):
+        acc.observe(4, 4, [1.0] * 4)  # copies accepted whole
+    assert acc.alpha(0) > 0.85 and acc.alpha(7) > 0.9  # later positions learn from positions 1-3
+    flat = Acceptance(8, prior=0.5, weight=3.0)  # one prior: evidence pooled over all positions
+    assert flat.alpha(0) == flat.alpha(5) == pytest.approx(0.5)
+    costs = MeasuredCpu(0.1, 0.0, 0.05)  # a batch of 4 costs 2.05 steps: pays from 2.1 tokens a round
+    short_sure = AutoDrafter(None, LookupDrafter(), costs=costs).lookup_acc[0][1]
+    assert best_length(short_sure, costs, 0.0, 8, 0.03).k == 3
+    assert best_length(flat, costs, 0.0, 8, 0.03).k == 0
+
+
 def test_acceptance_calibration_by_confidence() -> None:
     acc = Acceptance(4, weight=1.0)
     for _ in range(100):
@@ -334,7 +349,7 @@ def test_a_short_match_that_resumes_the_last_copy_after_an_edit_is_drafted() -> 
     edited = [*prompt, *source[:16], 999, *source[17:19]]  # one token changed, then the copy goes on
 
     def resumed_draft(copied_before: bool) -> Proposal:
-        auto = AutoDrafter(None, LookupDrafter(), n_max=6, costs=CPU_LIKE)
+        auto = AutoDrafter(None, LookupDrafter(), n_max=6, costs=MeasuredCpu(0.1, 0.0, 0.05))
         auto.begin(prompt)
         if copied_before:
             copy = auto.propose([*prompt, *source[:12]], 6, None, None)  # type: ignore[arg-type]
