@@ -223,12 +223,12 @@ class Acceptance:
         decay: float = 0.97,
         prior_rest: float | None = None,
     ):
-        """``prior``: acceptance per token before evidence. With ``prior_rest`` the first token is
-        judged apart from the rest: ``prior`` is the first's, ``prior_rest`` each later one's (given
-        the ones before it were accepted), and evidence is pooled within those two groups only."""
+        """``prior``: acceptance per token before evidence. With ``prior_rest`` each position is
+        judged on its own: ``prior`` is the first token's prior, ``prior_rest`` each later one's (given
+        the ones before it were accepted). A copy ends at the next edit, so success at positions 1-2
+        (where drafts of 3 are tested) says little about positions 10-15: no pooling across them."""
         self.prior, self.weight, self.decay = prior, weight, decay
         self.prior_rest = prior_rest
-        self._rest: float | None = None
         self.hits = np.zeros(n_max)
         self.trials = np.zeros(n_max)
         self.bin_hits = np.zeros(self.BINS)
@@ -238,7 +238,7 @@ class Acceptance:
     def observe(self, n_drafted: int, n_accepted: int, confidence: Sequence[float]) -> None:
         if n_drafted == 0:
             return
-        self._overall = self._rest = None
+        self._overall = None
         self.hits *= self.decay
         self.trials *= self.decay
         self.bin_hits *= self.decay
@@ -256,7 +256,7 @@ class Acceptance:
         """Fade the evidence toward the prior, so a pessimistic estimate is tried again in time."""
         for a in (self.hits, self.trials, self.bin_hits, self.bin_trials):
             a *= factor
-        self._overall = self._rest = None
+        self._overall = None
 
     def overall(self) -> float:
         if self._overall is None:
@@ -265,15 +265,10 @@ class Acceptance:
         return self._overall
 
     def _base(self, i: int) -> float:
-        """Position ``i``'s estimate before its own evidence: the pooled one of its group."""
+        """Position ``i``'s estimate before its own evidence (pooled over positions without split)."""
         if self.prior_rest is None:
             return self.overall()
-        if i == 0:
-            return self.prior
-        if self._rest is None:
-            hits, trials = self.hits[1:].sum(), self.trials[1:].sum()
-            self._rest = float((hits + self.prior_rest * self.weight) / (trials + self.weight))
-        return self._rest
+        return self.prior if i == 0 else self.prior_rest
 
     def alpha(self, i: int) -> float:
         """P(draft token i is accepted | the ones before it were), 0-based."""
