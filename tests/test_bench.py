@@ -47,6 +47,8 @@ def test_bench_runs_every_mode_and_combine_reports_medians(tiny_pair, tmp_path, 
     assert place[("p0", "plain")] == 0 and place[("p1", "plain")] == 3
     assert moved[("p0", "plain")] == 3 and moved[("p1", "plain")] == 2
     assert second["settings"]["shift"] == 1
+    ratios = data["settings"]["verify_ratios"]  # the costs auto mode measured, for bench.replay
+    assert len(ratios) == 16 and ratios[0] == 1.0
 
     assert combine.main([str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
     report = capsys.readouterr().out
@@ -98,3 +100,37 @@ def test_lookup_bound_drafts_as_far_as_auto_modes_lookup_may() -> None:
     assert cost < cost8  # rounds of 16 tokens against rounds of 9
     # two plain steps until "100 101" matches the prompt, then three rounds of the whole cap
     assert cost == pytest.approx(2 + 3 * cheap(LOOKUP_MAX + 1))
+
+
+def test_replay_models_auto_modes_lookup_policy_on_recorded_replies() -> None:
+    """A reply that copies its prompt: the replayed policy drafts, and no policy beats the bound."""
+    from bench.replay import Reply, TableCosts, replay_auto, replay_bound
+
+    source = list(range(100, 180))
+    copy = Reply("c", "code_edit", [1, 2, *source, 3], source[:60], [1.0] * 60)
+    prose = Reply("p", "chat", [1, 2, 3, 4], list(range(500, 560)), [0.5] * 60)  # nothing to copy
+    costs = TableCosts([1.0, 1.55, 2.02, 2.05, 2.65, 3.0, 3.63, 4.39, 4.86])
+    assert costs.ratio(4) == 2.05 and costs.ratio(11) == pytest.approx(4.86 + 2 * 3.86 / 8)
+    auto = replay_auto([copy, prose], costs, max_tokens=96)
+    bound = replay_bound([copy, prose], costs)
+    n, cost = auto["code_edit"]
+    assert n == 60 and 1.3 < n / cost <= bound["code_edit"][0] / bound["code_edit"][1]
+    assert auto["chat"] == (60, 60.0)  # plain decoding: one step per token
+    assert replay_auto([copy, prose], costs, max_tokens=96) == auto  # deterministic
+
+
+def test_replay_reads_a_bench_run_and_prints_its_table(tiny_pair, tmp_path, capsys) -> None:
+    from bench import replay
+
+    args = bench_args(tiny_pair, tmp_path, "run.json")
+    assert bench_run.main(args) == 0
+    capsys.readouterr()
+    ratios = "1,1.5,1.9,2.1"
+    assert replay.main([str(tmp_path / "run.json"), "--ratios", ratios]) == 0
+    first = capsys.readouterr().out
+    assert "| category | auto (lookup) | lookup bound |" in first and "| all |" in first
+    assert f"--ratios {ratios}" in first
+    assert replay.main([str(tmp_path / "run.json"), "--ratios", ratios]) == 0
+    assert capsys.readouterr().out == first  # the same replies and costs: the same figures
+    with pytest.raises(SystemExit, match="cannot read"):
+        replay.main([str(tmp_path / "missing.json")])
