@@ -28,7 +28,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -320,15 +320,6 @@ class ReplyAcceptance:
         return (self.hits[i] + prior * self.weight) / (self.trials[i] + self.weight)
 
 
-def expected_tokens(alpha: Callable[[int], float], k: int) -> float:
-    """Tokens a round of ``k`` draft tokens yields on average: 1 + sum over i of prod_{j<=i} alpha(j)."""
-    total, reach = 1.0, 1.0
-    for i in range(k):
-        reach *= alpha(i)
-        total += reach
-    return total
-
-
 @dataclass(frozen=True, slots=True)
 class Plan:
     k: int
@@ -357,7 +348,7 @@ def best_length(
         return Plan(0, 0.0, 0.0)
     plain = 1.0 / v1
     best = Plan(0, plain, plain)
-    expected, reach = 1.0, 1.0  # expected_tokens(acc.alpha, k), built up one k at a time
+    expected, reach = 1.0, 1.0  # E[tokens | k] = 1 + sum_{i<k} prod_{j<=i} alpha(j), one k at a time
     for k in range(1, limit + 1):
         vk = costs.verify(k + 1)
         if vk is None:
