@@ -235,12 +235,30 @@ def test_probes_only_when_finding_out_can_pay_for_the_catch_up() -> None:
     assert not auto._probe_due([], EXPENSIVE.draft_step(), 6)  # cannot pay even at 98 % acceptance
 
 
+def test_probes_only_where_the_target_is_sure_enough_for_the_draft_to_pay() -> None:
+    """A probe hopes for its class's acceptance halfway to 1. Where the target hesitates the draft
+    agrees 75 % of the time: with CPU-like costs even 87.5 % cannot pay, so no probe is wasted there;
+    where the target is sure (97 %) a probe may find the draft paying."""
+    from app.engine.drafters import LookupDrafter
+
+    auto = AutoDrafter(StaleDraft(5), LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
+    auto._since_model, auto._remaining = 10**6, 10**5
+    auto._model_class = 0
+    assert not auto._probe_due([], CPU_LIKE.draft_step(), 6)
+    auto._model_class = len(MODEL_CLASSES) - 1
+    assert auto._probe_due([], CPU_LIKE.draft_step(), 6)
+
+
 def test_auto_probes_a_paused_draft_in_a_long_reply(tiny_pair) -> None:
-    """GPU-like verify costs but a draft model that rarely helps: auto pauses it, then re-probes."""
+    """Verify costs where a draft of the usual quality would pay, but this draft model has rarely
+    helped lately: auto pauses it, then re-probes."""
     poor = SyntheticCosts(base=0.010, slope=0.004, draft=0.004)
     with Engine(LoadSettings(str(tiny_pair.target), str(tiny_pair.draft), n_ctx=2048), costs=poor) as eng:
         auto = eng._drafter(GenerationSettings(mode="auto", n_max=6))
-        auto.model_acc = [Acceptance(6, prior=0.05, weight=50) for _ in auto.model_acc]
+        auto.model_acc = [Acceptance(6, prior=p, weight=3.0) for _, p in MODEL_CLASSES]
+        for acc in auto.model_acc:
+            for _ in range(30):
+                acc.observe(6, 0, ())  # rejected at once, again and again
         st = steps(eng, PROMPTS[1], n_max=6, max_tokens=400)
     probes = [s for s in st if "probing" in s.reason]
     assert any(s.reason == PAUSED for s in st)

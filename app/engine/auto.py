@@ -70,6 +70,7 @@ RELAX_EVERY = 8  # rounds between two fadings (by RELAX to that power)
 # accepted 74 % below 0.5, 84-88 % from 0.5 to 0.95, 92 % from 0.95 and 99 % from 0.99.
 MODEL_CLASSES = ((0.0, 0.75), (0.9, 0.88), (0.99, 0.97))
 CONFIDENCE_WINDOW = 3  # target tokens the class looks back over
+PROBE_HOPE = 0.5  # a probe hopes for its class's acceptance this far on the way to 1
 # Prompt lookup drafts cost nothing to make, so their length is bounded by what verifying them costs
 # rather than by n_max: on a CPU a batch of 16 can cost less per token than a batch of 4 (the kernels
 # change with the batch size), which pays in a long copy the target keeps accepting.
@@ -662,12 +663,22 @@ class AutoDrafter:
         mine, plain = self._realized[source], self._realized["none"]
         return mine.n >= 3 and plain.n >= 3 and mine.rate() < plain.rate()
 
+    def _probe_optimism(self) -> Acceptance:
+        """The acceptance a probe hopes for in the current class: halfway from what the class is
+        known for (its prior, or its evidence if better) to always right. Where the target hesitates
+        the draft agrees with it 75 % of the time, so on a CPU a probe there cannot find a draft that
+        pays, and each probe costs a catch-up and a batch (2-3 decode steps for 1-2 tokens)."""
+        known = self.model_acc[self._model_class]
+        hope = max(known.prior, known.overall())
+        hope = min(self._optimistic.prior, hope + (1.0 - hope) * PROBE_HOPE)
+        return Acceptance(self.n_max, prior=hope, weight=1e12)
+
     def _probe_due(self, tokens: Sequence[int], draft_cost: float, limit: int) -> bool:
         if self.model is None or self._since_model < self._probe_interval:
             return False
-        best = best_length(self._optimistic, self.costs, draft_cost, limit, self.margin)
+        best = best_length(self._probe_optimism(), self.costs, draft_cost, limit, self.margin)
         if best.k == 0 or best.plain_rate <= 0:
-            return False  # the draft model cannot pay on this machine even when it is nearly always right
+            return False  # the draft model cannot pay here even if this class turns out much better
         catch_up = self.model.pending(tokens) * self._sync_per_token(draft_cost)
         rest_of_reply = self._remaining / best.plain_rate  # seconds, decoding plainly
         return catch_up <= self.probe_odds * (best.rate / best.plain_rate - 1) * rest_of_reply
