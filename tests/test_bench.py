@@ -58,6 +58,30 @@ def test_bench_runs_every_mode_and_combine_reports_medians(tiny_pair, tmp_path, 
     assert "code_edit, best of lookup and auto:" in report
     assert "lookup bound" in report
     assert "Median over 2 runs" in report
+    assert "Per prompt: each prompt's pair of replies" in report
+
+
+def test_combine_per_prompt_takes_each_prompts_median_run() -> None:
+    """A slowdown that hits one prompt in one run and the other prompt in another run drags both
+    runs' category figures down; each prompt's median run does not see it."""
+
+    def rec(pid: str, mode: str, seconds: float) -> dict:
+        return {
+            "id": pid,
+            "category": "chat",
+            "mode": mode,
+            "stats": {"n_generated": 10, "t_decode_s": seconds},
+        }
+
+    def run(slow: str) -> dict:
+        recs = []
+        for pid in ("a", "b"):
+            recs += [rec(pid, "plain", 1.0), rec(pid, "auto", 2.0 if pid == slow else 1.0)]
+        return {"_runs": recs}
+
+    table = combine.per_prompt([run("a"), run("b"), run("")])
+    assert table["chat"]["auto"] == table["all"]["auto"] == 1.0
+    assert table["chat"]["plain"] == 1.0
 
 
 def test_peak_rss_of_a_child_does_not_count_its_parent() -> None:
