@@ -517,6 +517,22 @@ def test_catching_up_the_draft_is_spread_over_the_reply_left() -> None:
     assert not auto.propose(text, 4, None, None).tokens  # type: ignore[arg-type]  # a few tokens left: not worth it
 
 
+def test_a_batch_size_timed_once_is_tried_again_when_nearly_the_best() -> None:
+    """One slow timing at load must not keep a batch size out of plans for good."""
+    costs = MeasuredCosts()
+    costs.observe_verify(1, 0.1)
+    for batch, seconds in ((2, 0.155), (3, 0.2), (5, 0.22)):
+        for _ in range(5):
+            costs.observe_verify(batch, seconds)
+    costs.observe_verify(4, 0.21)  # timed once, slowly (about 0.17 on a quiet machine)
+    acc = Acceptance(8, prior=0.5, prior_rest=0.86, weight=1e6)
+    assert costs.samples(4) == 1 and costs.samples(5) == 5 and costs.samples(7) == 0
+    assert best_length(acc, costs, 0.0, 4, 0.03).k == 3  # nearly the best: try it, and so time it
+    for _ in range(2):
+        costs.observe_verify(4, 0.21)
+    assert best_length(acc, costs, 0.0, 4, 0.03).k == 4  # three timings say it really is dear
+
+
 def test_loading_times_the_batch_sizes_verification_uses(tiny_pair) -> None:
     """Auto mode starts from measured costs, including a long prompt-lookup draft's batch."""
     with Engine(LoadSettings(str(tiny_pair.target), str(tiny_pair.draft), n_ctx=512)) as eng:

@@ -70,6 +70,13 @@ RELAX_EVERY = 8  # rounds between two fadings (by RELAX to that power)
 # accepted 74 % below 0.5, 84-88 % from 0.5 to 0.95, 92 % from 0.95 and 99 % from 0.99.
 MODEL_CLASSES = ((0.0, 0.75), (0.9, 0.88), (0.99, 0.97))
 CONFIDENCE_WINDOW = 3  # target tokens the class looks back over
+# A batch size whose cost rests on fewer than EXPLORE_SAMPLES timings (one at load, or none:
+# interpolated) is planned EXPLORE cheaper, so a size that one slow timing made look dear is tried
+# and measured when it is nearly the best choice. Without it a batch of 4 timed slow once at load
+# could stay dear for good: traced, every lookup draft of a reply went to 4 tokens (a batch of 5,
+# 2.2 decode steps here) instead of 3 (a batch of 4, 1.7).
+EXPLORE = 0.1
+EXPLORE_SAMPLES = 3
 PROBE_HOPE = 0.5  # a probe hopes for its class's acceptance this far on the way to 1
 # Prompt lookup drafts cost nothing to make, so their length is bounded by what verifying them costs
 # rather than by n_max: on a CPU a batch of 16 can cost less per token than a batch of 4 (the kernels
@@ -208,6 +215,13 @@ class MeasuredCosts:
         if not self._draft.n or not self._step.n:
             return None
         return self._draft.value * self._step.value
+
+    def samples(self, batch: int) -> int:
+        """How many timings the estimate for a batch of ``batch`` rests on (0: interpolated)."""
+        if batch <= 1:
+            return self._step.n
+        w = self._ratio.get(batch)
+        return w.n if w is not None else 0
 
 
 class Acceptance:
@@ -349,11 +363,14 @@ def best_length(
         return Plan(0, 0.0, 0.0)
     plain = 1.0 / v1
     best = Plan(0, plain, plain)
+    samples = getattr(costs, "samples", None)
     expected, reach = 1.0, 1.0  # E[tokens | k] = 1 + sum_{i<k} prod_{j<=i} alpha(j), one k at a time
     for k in range(1, limit + 1):
         vk = costs.verify(k + 1)
         if vk is None:
             break
+        if samples is not None and samples(k + 1) < EXPLORE_SAMPLES:
+            vk *= 1.0 - EXPLORE  # a batch size timed once or never: try it when it is nearly the best
         reach *= acc.alpha(k - 1)
         expected += reach
         rate = expected / ((k * draft_cost + vk + overhead) * scale)

@@ -108,19 +108,28 @@ class Engine:
         """First evaluations allocate buffers and are slow: run them now, and seed auto mode's costs.
 
         One pass is discarded; then each batch size a verification commonly uses is timed once (the
-        cost does not grow smoothly with the batch: kernels change with its size). Logits are computed
-        for every row, as verification does: on a CPU the output layer is a real share of a batch's
-        cost (Qwen2.5 1.5B: a batch of 4 costs 1.7x one token with the last row's logits only, 2.1-2.9x
-        with all four).
+        cost does not grow smoothly with the batch: kernels change with its size), with one decode
+        step timed between every two sizes: each size's cost is taken relative to the median of those
+        steps, not to one step a busy machine may have slowed. Logits are computed for every row, as
+        verification does: on a CPU the output layer is a real share of a batch's cost (Qwen2.5
+        1.5B: a batch of 4 costs 1.7x one token with the last row's logits only, 2.1-2.9x with all
+        four).
         """
         tok = self.target.bos if self.target.bos >= 0 else 0
-        for i, batch in enumerate((1, 4, *self.WARM_UP_BATCHES, 1)):
+        sizes = [b for b in self.WARM_UP_BATCHES if b > 1]
+        order = [1]
+        for j in range(0, len(sizes), 2):
+            order += [*sizes[j : j + 2], 1]
+        timed: list[tuple[int, float]] = []
+        for i, batch in enumerate((1, 4, *order)):
             t0 = time.perf_counter()
             self._target_ctx.decode([tok] * batch, 0, logits="all")
             dt = time.perf_counter() - t0
             self._target_ctx.trim(0)
             if i >= 2:
-                self.costs.observe_verify(batch, dt)
+                timed.append((batch, dt))
+        for batch, dt in sorted(timed, key=lambda x: x[0] > 1):  # the steps first, then the batches
+            self.costs.observe_verify(batch, dt)
         if self._draft_ctx is not None:
             for i in range(3):
                 t0 = time.perf_counter()
