@@ -4,7 +4,7 @@
 # llama-cpp-python is built from source for this machine's CPU, without -march=native: GGML_NATIVE=OFF
 # gives an AVX2/FMA/F16C build, and when /proc/cpuinfo lists AVX-512 (F, CD, VL, DQ, BW) its kernels are
 # added (with VBMI, VNNI and BF16 where listed). On a CPU with AVX-512 the target's verify batches cost
-# much less (a batch of 16 tokens: 4.3 decode steps instead of 6.2), which is what decides speculation
+# much less (a batch of 16 tokens: about 4 decode steps instead of 6.2), which decides speculation
 # on a CPU. AMX is never enabled: some virtual machines advertise it and fault on its instructions,
 # and -march=native would turn it on. TANDEM_PORTABLE=1 keeps the plain AVX2 build (for a wheel meant
 # for other machines).
