@@ -425,6 +425,45 @@ def test_a_long_copy_the_target_keeps_accepting_is_drafted_past_n_max() -> None:
     assert drafted.source == "model" and 1 <= len(drafted.tokens) <= 6
 
 
+class Avx512Cpu(SyntheticCosts):
+    """Verify costs measured with the AVX-512 build on this 2-core CPU (Qwen2.5 1.5B Q4_K_M)."""
+
+    RATIOS = (1, 1.55, 1.99, 1.66, 2.11, 2.68, 3.11, 3.08, 3.49, 3.95, 4.18, 4.06, 4.52, 4.67, 4.89, 4.03)
+
+    def verify(self, batch: int) -> float:
+        return 0.1 * self.RATIOS[min(batch, len(self.RATIOS)) - 1]
+
+
+def test_a_copy_that_goes_on_in_this_reply_is_drafted_further() -> None:
+    """Positions a reply has not drafted yet follow the deepest it has: copies that keep going at
+    positions 1-2 are drafted long, copies that stop there are not, and the draft model is not."""
+    from app.engine.auto import ReplyAcceptance
+
+    costs = Avx512Cpu(0.1, 0.0, 0.05)
+    first, rest = LOOKUP_CLASSES[1][1]  # a 3-5 token match where the target was sure
+
+    def pooled() -> Acceptance:
+        return Acceptance(LOOKUP_MAX, prior=first, prior_rest=rest, weight=1e6)
+
+    def planned(acc: ReplyAcceptance) -> int:
+        return best_length(acc, costs, 0.0, LOOKUP_MAX, 0.03).k
+
+    fresh = ReplyAcceptance(pooled(), copies=True)
+    assert 1 <= planned(fresh) <= 3  # the pooled view: copies end soon, draft a batch of 4
+    running, stopping, model = (ReplyAcceptance(pooled(), copies=c) for c in (True, True, False))
+    for _ in range(2):
+        running.observe(3, 3)  # the copy went on through all 3 drafted tokens
+        stopping.observe(3, 1)  # each copy stopped at the second token
+        model.observe(3, 3)
+    assert planned(running) == LOOKUP_MAX
+    assert running.alpha(10) > rest and running.pooled.alpha(10) == pytest.approx(rest)
+    assert planned(stopping) <= 3 and stopping.alpha(10) == pytest.approx(rest)
+    assert model.alpha(10) == pytest.approx(rest) and planned(model) <= 3
+    once = ReplyAcceptance(pooled(), copies=True)
+    once.observe(3, 3)  # one round says little yet
+    assert once.alpha(10) == pytest.approx(rest)
+
+
 def test_model_rounds_that_take_longer_than_predicted_correct_the_plan() -> None:
     from app.engine.auto import Outcome
 
