@@ -410,30 +410,24 @@ class Outcome:
 
 
 class _Realized:
-    """Tokens per decode step that recent rounds of one kind actually delivered (pooled, not averaged).
-
-    Each round's seconds are counted in decode steps as timed at about the same time (the cost model's
-    one-token batch), so rounds timed minutes apart compare fairly on a machine that speeds up and
-    slows down: a draft model whose rounds were timed while a neighbour was busy is not judged slower
-    than plain rounds timed once it was quiet.
-    """
+    """Tokens per second that recent rounds of one kind actually delivered (pooled, not averaged)."""
 
     __slots__ = ("rounds",)
 
     def __init__(self, size: int):
         self.rounds: deque[tuple[int, float]] = deque(maxlen=size)
 
-    def add(self, tokens: int, steps: float) -> None:
-        if steps > 0:
-            self.rounds.append((tokens, steps))
+    def add(self, tokens: int, seconds: float) -> None:
+        if seconds > 0:
+            self.rounds.append((tokens, seconds))
 
     @property
     def n(self) -> int:
         return len(self.rounds)
 
     def rate(self) -> float:
-        steps = sum(s for _, s in self.rounds)
-        return sum(n for n, _ in self.rounds) / steps if steps else 0.0
+        seconds = sum(s for _, s in self.rounds)
+        return sum(n for n, _ in self.rounds) / seconds if seconds else 0.0
 
 
 class AutoDrafter:
@@ -505,8 +499,8 @@ class AutoDrafter:
         # took to what the cost model predicted corrects its plans.
         self._overrun = _Window(15)
         # What rounds really delivered, by kind: the cost model predicts, this checks. A drafter whose
-        # recent rounds gave fewer tokens per decode step than plain rounds is paused whatever the
-        # model predicts (costs it does not see: logits rows, cache effects).
+        # recent rounds gave fewer tokens/s than plain rounds is paused whatever the model predicts
+        # (costs it does not see: logits rows, cache effects, a busy machine).
         # (prompt lookup is judged per class of match: coincidences losing must not stop copies)
         self._realized = {"none": _Realized(16)}
         self._realized.update({f"model{c}": _Realized(6) for c in range(len(MODEL_CLASSES))})
@@ -698,7 +692,7 @@ class AutoDrafter:
         return behind * self._sync_per_token(draft_cost) / self._amortized
 
     def _losing(self, source: str) -> bool:
-        """Recent rounds drafted by ``source`` delivered fewer tokens per decode step than plain rounds."""
+        """Recent rounds drafted by ``source`` delivered fewer tokens/s than plain rounds did."""
         mine, plain = self._realized[source], self._realized["none"]
         return mine.n >= 3 and plain.n >= 3 and mine.rate() < plain.rate()
 
@@ -736,9 +730,7 @@ class AutoDrafter:
                 catch_up = proposal.t_sync * (proposal.n_sync - 2) / proposal.n_sync
                 charged = catch_up / self._amortized
                 seconds -= catch_up - charged
-            step = self.costs.verify(1)
-            if step:
-                self._realized[kind].add(outcome.n_accepted + 1, seconds / step)
+            self._realized[kind].add(outcome.n_accepted + 1, seconds)
             d, v = self.costs.draft_step(), self.costs.verify(outcome.batch)
             if kind.startswith("model") and d and v:
                 self._overrun.add(seconds / (outcome.n_drafted * d + v + charged))
