@@ -78,8 +78,9 @@ CONFIDENCE_WINDOW = 3  # target tokens the class looks back over
 EXPLORE = 0.1
 EXPLORE_SAMPLES = 3
 # Prompt lookup in a reply: positions not yet drafted follow the deepest one drafted this many times
-# (see ReplyAcceptance). Replayed on the benchmark's replies with this CPU's costs, code_edit went
-# from 1.28x to 1.35x (its copies run 8-15 tokens, auto drafted 3 at a time), all from 1.095x to 1.10x.
+# (see ReplyAcceptance). Its copies run 8-15 tokens, and auto drafted 3 at a time: code_edit went
+# from 1.275x to 1.349x replayed (same replies and costs), from 1.25x to 1.39x measured (medians of
+# three and five benchmark runs); structured moved 1.305x -> 1.292x replayed.
 BORROW_TRIALS = 2
 PROBE_HOPE = 0.5  # a probe hopes for its class's acceptance this far on the way to 1
 # Prompt lookup drafts cost nothing to make, so their length is bounded by what verifying them costs
