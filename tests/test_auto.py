@@ -630,3 +630,49 @@ def test_accepted_draft_tokens_are_not_counted_as_catch_up(tiny_pair) -> None:
         text = [*prompt, *evs[-1].tokens]
         keep = common_prefix(model._cached, text)
         assert model.pending(text) == max(1, len(text) - keep) <= 2
+
+
+def test_a_copy_of_a_record_stops_where_the_record_broke_from_its_own_copy() -> None:
+    """JSON records copy each other up to their values. Where this reply departed from a copy (checked
+    whether it was drafted or not), a later copy of that stretch is judged at the breaks' own rate."""
+    from app.engine.auto import BREAK_PRIOR, CopyBreaks, Outcome
+
+    costs = SyntheticCosts(base=0.1, slope=0.01, draft=0.05)  # a batch of 4: 1.3 steps
+    keys, tail = [10, 11, 12, 13, 14, 15], [16, 17]
+
+    def record(i: int) -> list[int]:
+        return [*keys, 100 + i, *tail]  # the value 100 + i changes, the keys and the tail do not
+
+    prompt = [1, 2, 3]
+    auto = AutoDrafter(None, LookupDrafter(), costs=costs)
+    auto.begin(prompt)
+    # record 1 is decoded after record 0; lookup offers record 0's stretch, which breaks at the value
+    text = [*prompt, *record(0), *keys]
+    offered = auto.propose(text, 50, None, None)  # type: ignore[arg-type]
+    n = len(offered.tokens)
+    auto.observe(offered, Outcome(offered.source if n else "none", n, 0, n + 1, costs.verify(n + 1)))
+    text.append(101)  # the target's value, not the copy's 100
+    auto.propose(text, 50, None, None)  # type: ignore[arg-type]  # checks the last copy offered
+    assert auto._breaks.breaks == {len(text) - 1}
+    text += tail
+    # record 2: its keys again, copied from record 1 (the most recent occurrence) up to the value
+    text += keys[:4]
+    copy = auto.lookup.propose(text, 50, None, None)  # type: ignore[arg-type]
+    value_at = copy.tokens.index(101)
+    assert copy.origin + value_at in auto._breaks.breaks
+    drafted = auto.propose(text, 50, None, None)  # type: ignore[arg-type]
+    assert drafted.source == "lookup" and 1 <= len(drafted.tokens) <= value_at
+    assert f"broke at token {value_at + 1}" in drafted.reason
+    # the same copy with no break seen in this reply is drafted past the value
+    fresh = AutoDrafter(None, LookupDrafter(), costs=costs)
+    fresh.lookup_acc, fresh._realized = auto.lookup_acc, auto._realized  # same pooled evidence
+    fresh.begin(prompt)
+    assert len(fresh.propose(text, 50, None, None).tokens) > value_at  # type: ignore[arg-type]
+    # a reply whose copies hold at their breaks raises the rate
+    breaks = CopyBreaks()
+    assert breaks.rate() == pytest.approx(BREAK_PRIOR)
+    breaks.breaks.add(5)
+    for _ in range(10):
+        breaks.offer([0] * 8, Proposal((7,), (None,), (1.0,), "lookup", 0.0, origin=5))
+        breaks.check([0] * 8 + [7])
+    assert breaks.rate() > 0.8

@@ -15,12 +15,13 @@ longer such rounds really took (the models evict each other from the CPU caches)
 Acceptance is learned per class of situation, pooled over replies and followed within each reply
 (:class:`ReplyAcceptance`): for prompt lookup by the length of the match the draft was copied from,
 by whether the target was sure of the last few tokens, and by whether a short match resumes the last
-accepted copy after a small edit; for the draft model by how sure the
-target was of the last few tokens (where it was, the draft nearly always agrees). Prompt lookup is
-tried first (its drafts cost almost nothing); the draft model next. A model draft goes on while a
-longer draft, judged from the draft's own confidence so far, is expected to deliver more tokens per
-second. When drafting does not pay, the drafter pauses and re-probes now and then (with exponential
-back-off) so it notices when drafting starts to pay.
+accepted copy after a small edit (a copied token from where the reply once departed from a copy of
+itself is judged at the rate such tokens held: :class:`CopyBreaks`); for the draft model by how
+sure the target was of the last few tokens (where it was, the draft nearly always agrees). Prompt
+lookup is tried first (its drafts cost almost nothing); the draft model next. A model draft goes on
+while a longer draft, judged from the draft's own confidence so far, is expected to deliver more
+tokens per second. When drafting does not pay, the drafter pauses and re-probes now and then (with
+exponential back-off) so it notices when drafting starts to pay.
 """
 
 from __future__ import annotations
@@ -87,6 +88,14 @@ PROBE_HOPE = 0.5  # a probe hopes for its class's acceptance this far on the way
 # rather than by n_max: on a CPU a batch of 16 can cost less per token than a batch of 4 (the kernels
 # change with the batch size), which pays in a long copy the target keeps accepting.
 LOOKUP_MAX = 15
+# A reply of records (JSON objects, table rows, repeated code) copies its earlier records up to the
+# values that change, and the copy of a record breaks where that record itself broke from an earlier
+# copy. A lookup token copied from such a break is judged at the rate copies held there in this reply
+# (BREAK_PRIOR, as if seen BREAK_WEIGHT times, until the reply has its own evidence), not at its
+# class's. Replayed (same replies and costs): structured 1.292x -> 1.366x (fixed lookup 1.344x),
+# code_edit 1.349x -> 1.355x, all 1.102x -> 1.105x.
+BREAK_PRIOR = 0.2
+BREAK_WEIGHT = 2.0
 HORIZON = 256  # tokens of a reply counted on when spreading a catch-up of the draft
 TOKENS_PER_ROUND = 3.0  # about what a drafted round delivers, for counting rounds left
 
@@ -352,6 +361,68 @@ class ReplyAcceptance:
         return max(prior, (self.hits[j] + prior) / (self.trials[j] + 1))  # shrunk by one pooled sample
 
 
+class CopyBreaks:
+    """Where this reply departed from the copies prompt lookup offered it, and how often later
+    copies held at those places.
+
+    Every continuation the lookup drafter finds is checked against the text that actually followed,
+    drafted or not (free: the text is known by the next round). The first position where the reply
+    differed is a break: in a list of JSON records, the value after a key. A later copy of that
+    stretch reaches the break at the same offset, where it is likely to fail again.
+    """
+
+    __slots__ = ("_offered", "breaks", "hits", "trials")
+
+    def __init__(self) -> None:
+        self.begin()
+
+    def begin(self) -> None:
+        self.breaks: set[int] = set()  # context indexes where the reply departed from a copy
+        self.hits = self.trials = 0.0  # copied tokens that came from a break, and how many held
+        self._offered: tuple[int, int, tuple[int, ...]] | None = None  # (context length, origin, copy)
+
+    def check(self, tokens: Sequence[int]) -> None:
+        """Compare the last copy offered with the text that followed it (call before each lookup)."""
+        offered, self._offered = self._offered, None
+        if offered is None or len(tokens) < offered[0]:
+            return
+        start, origin, copy = offered
+        for i in range(min(len(copy), len(tokens) - start)):
+            held = copy[i] == tokens[start + i]
+            if origin + i in self.breaks:
+                self.trials += 1
+                self.hits += held
+            if not held:
+                self.breaks.add(start + i)
+                return
+
+    def offer(self, tokens: Sequence[int], found: Proposal) -> frozenset[int]:
+        """Remember a copy to check next round; the offsets of its tokens copied from breaks."""
+        self._offered = (len(tokens), found.origin, found.tokens)
+        if not self.breaks:
+            return frozenset()
+        return frozenset(i for i in range(len(found.tokens)) if found.origin + i in self.breaks)
+
+    def rate(self) -> float:
+        """P(a copied token from a break is right), from this reply's copies."""
+        return (self.hits + BREAK_PRIOR * BREAK_WEIGHT) / (self.trials + BREAK_WEIGHT)
+
+
+class _AtBreaks:
+    """A lookup class's estimate, with the draft's tokens copied from breaks judged at their rate."""
+
+    __slots__ = ("acc", "offsets", "rate")
+
+    def __init__(self, acc: ReplyAcceptance, offsets: frozenset[int], rate: float):
+        self.acc, self.offsets, self.rate = acc, offsets, rate
+
+    def alpha(self, i: int) -> float:
+        return self.rate if i in self.offsets else self.acc.alpha(i)
+
+    def overall(self) -> float:
+        return self.acc.overall()
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     k: int
@@ -360,7 +431,7 @@ class Plan:
 
 
 def best_length(
-    acc: Acceptance | ReplyAcceptance,
+    acc: Acceptance | ReplyAcceptance | _AtBreaks,
     costs: CostModel,
     draft_cost: float,
     limit: int,
@@ -476,6 +547,7 @@ class AutoDrafter:
             for _, sure, unsure in (*LOOKUP_CLASSES, (0, RESUME_PRIOR, RESUME_PRIOR))
         ]
         self._copy_diagonal: int | None = None  # context index minus copied index of the last copy
+        self._breaks = CopyBreaks()  # where this reply departed from copies of itself
         self._lookup_round = (0, 0)  # the class and diagonal of the lookup round being verified
         self._sure = 0  # whether the target was sure of the last tokens when this round was planned
         self._reply: dict[tuple[str, int, int], ReplyAcceptance] = {}  # this reply's evidence, by class
@@ -521,6 +593,7 @@ class AutoDrafter:
         self._lookup_skip = [0] * len(self.lookup_acc)
         self._lookup_every = [1] * len(self.lookup_acc)
         self._copy_diagonal = None
+        self._breaks.begin()
         t = self.lookup.begin(prompt)
         if self.model is not None:
             # The draft evaluates the prompt now, batched with the target's prompt processing as in
@@ -586,13 +659,16 @@ class AutoDrafter:
             for acc in (*(a for pair in self.lookup_acc for a in pair), *self.model_acc):
                 acc.relax(RELAX**RELAX_EVERY)
         self._sure = int(model_class(self._target_conf) == len(MODEL_CLASSES) - 1)
+        self._breaks.check(tokens)
         found = self.lookup.propose(tokens, min(k, self.lookup_max), params, rng)
         if found.tokens:
             diagonal = len(tokens) - found.origin
             c = self._lookup_class(found.match, diagonal)
             self._lookup_round = (c, diagonal)
             acc = self._estimate("lookup", c)
-            plan = best_length(acc, self.costs, 0.0, len(found.tokens), self.margin)
+            at_breaks = self._breaks.offer(tokens, found)
+            view = _AtBreaks(acc, at_breaks, self._breaks.rate()) if at_breaks else acc
+            plan = best_length(view, self.costs, 0.0, len(found.tokens), self.margin)
             if plan.k > 0 and self._losing(f"lookup{c}"):  # try again only now and then, with back-off
                 self._lookup_skip[c] += 1
                 if self._lookup_skip[c] < self._lookup_every[c]:
@@ -611,7 +687,8 @@ class AutoDrafter:
                     confidence=found.confidence[:n],
                     planned=n,
                     reason=f"prompt lookup: {found.match}-token match"
-                    f"{', resuming the copy' if c == RESUME else ''}, "
+                    f"{', resuming the copy' if c == RESUME else ''}"
+                    f"{f', copy broke at token {min(at_breaks) + 1} before' if at_breaks else ''}, "
                     f"{plan.rate / plan.plain_rate:.2f}x expected",
                     t=time.perf_counter() - t0,
                 )
