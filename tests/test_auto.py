@@ -556,6 +556,35 @@ def test_catching_up_the_draft_is_spread_over_the_reply_left() -> None:
     assert not auto.propose(text, 4, None, None).tokens  # type: ignore[arg-type]  # a few tokens left: not worth it
 
 
+def test_a_catch_up_is_charged_to_the_model_rounds_it_serves() -> None:
+    """Where copies and model rounds take turns (a JSON reply), each model round needs its own
+    catch-up: once the reply shows that, a catch-up is no longer spread over the rest of the reply."""
+    from dataclasses import replace
+
+    from app.engine.auto import Outcome
+
+    costs = SyntheticCosts(base=0.1, slope=0.02, draft=0.03)  # a sure draft pays well when it keeps up
+    text = list(range(300, 400))
+
+    def reply(rounds_per_catch_up: int) -> Proposal:
+        auto = AutoDrafter(SureDraft(pending=30), LookupDrafter(), n_max=6, costs=costs)  # type: ignore[arg-type]
+        auto.begin(text)
+        auto._target_conf.extend([1.0] * 3)
+        first = auto.propose(text, 200, None, None)  # type: ignore[arg-type]
+        assert first.source == "model"  # a long reply left: the catch-up is spread over it
+        n = len(first.tokens)
+        for i in range(3 * rounds_per_catch_up):  # catch-ups of 28 tokens, each serving this many rounds
+            n_sync = 30 if i % rounds_per_catch_up == 0 else 2  # 2: the round's own tokens
+            t_sync = 0.0175 * n_sync
+            t_round = n * costs.draft + costs.verify(n + 1) + t_sync
+            prop = replace(first, n_sync=n_sync, t_sync=t_sync)
+            auto.observe(prop, Outcome("model", n, n, n + 1, costs.verify(n + 1), t_round))
+        return auto.propose(text, 200, None, None)  # type: ignore[arg-type]
+
+    assert not reply(rounds_per_catch_up=1).tokens  # half a second of catching up for one round: no
+    assert reply(rounds_per_catch_up=8).source == "model"
+
+
 def test_a_batch_size_timed_once_is_tried_again_when_nearly_the_best() -> None:
     """One slow timing at load must not keep a batch size out of plans for good."""
     costs = MeasuredCosts()
@@ -668,6 +697,11 @@ def test_a_copy_of_a_record_stops_where_the_record_broke_from_its_own_copy() -> 
     fresh.lookup_acc, fresh._realized = auto.lookup_acc, auto._realized  # same pooled evidence
     fresh.begin(prompt)
     assert len(fresh.propose(text, 50, None, None).tokens) > value_at  # type: ignore[arg-type]
+    # a short match failing at once was a coincidence, not a copy the reply departed from
+    coincidence = CopyBreaks()
+    coincidence.offer([0] * 8, Proposal((7, 8), (None, None), (1.0, 1.0), "lookup", 0.0, match=2, origin=3))
+    coincidence.check([0] * 8 + [9])
+    assert not coincidence.breaks
     # a reply whose copies hold at their breaks raises the rate
     breaks = CopyBreaks()
     assert breaks.rate() == pytest.approx(BREAK_PRIOR)

@@ -92,11 +92,15 @@ LOOKUP_MAX = 15
 # values that change, and the copy of a record breaks where that record itself broke from an earlier
 # copy. A lookup token copied from such a break is judged at the rate copies held there in this reply
 # (BREAK_PRIOR, as if seen BREAK_WEIGHT times, until the reply has its own evidence), not at its
-# class's. Replayed (same replies and costs): structured 1.292x -> 1.366x (fixed lookup 1.344x),
-# code_edit 1.349x -> 1.355x, all 1.102x -> 1.105x.
+# class's. Replayed (same replies and costs): structured 1.292x -> 1.378x (fixed lookup 1.344x);
+# every other category unchanged; all 1.102x -> 1.106x.
 BREAK_PRIOR = 0.2
 BREAK_WEIGHT = 2.0
 HORIZON = 256  # tokens of a reply counted on when spreading a catch-up of the draft
+# A catch-up serves the model rounds that follow it until the draft falls behind again (a lookup or
+# plain round between). Once a reply has SERVED_RUNS such runs of model rounds behind it, a catch-up
+# is spread over no more rounds than the median of its last SERVED_RUNS.
+SERVED_RUNS = 2
 TOKENS_PER_ROUND = 3.0  # about what a drafted round delivers, for counting rounds left
 
 
@@ -367,8 +371,10 @@ class CopyBreaks:
 
     Every continuation the lookup drafter finds is checked against the text that actually followed,
     drafted or not (free: the text is known by the next round). The first position where the reply
-    differed is a break: in a list of JSON records, the value after a key. A later copy of that
-    stretch reaches the break at the same offset, where it is likely to fail again.
+    differed is a break (in a list of JSON records: the value after a key) if the copy had held
+    there: past its first token, or after a match long enough to be a copy in its own right (a short
+    match failing at once was a coincidence). A later copy of that stretch reaches the break at the
+    same offset, where it is likely to fail again.
     """
 
     __slots__ = ("_offered", "breaks", "hits", "trials")
@@ -379,26 +385,27 @@ class CopyBreaks:
     def begin(self) -> None:
         self.breaks: set[int] = set()  # context indexes where the reply departed from a copy
         self.hits = self.trials = 0.0  # copied tokens that came from a break, and how many held
-        self._offered: tuple[int, int, tuple[int, ...]] | None = None  # (context length, origin, copy)
+        self._offered: tuple[int, int, int, tuple[int, ...]] | None = None  # (length, origin, match, copy)
 
     def check(self, tokens: Sequence[int]) -> None:
         """Compare the last copy offered with the text that followed it (call before each lookup)."""
         offered, self._offered = self._offered, None
         if offered is None or len(tokens) < offered[0]:
             return
-        start, origin, copy = offered
+        start, origin, match, copy = offered
         for i in range(min(len(copy), len(tokens) - start)):
             held = copy[i] == tokens[start + i]
             if origin + i in self.breaks:
                 self.trials += 1
                 self.hits += held
             if not held:
-                self.breaks.add(start + i)
+                if i or match >= RESUME_BELOW:
+                    self.breaks.add(start + i)
                 return
 
     def offer(self, tokens: Sequence[int], found: Proposal) -> frozenset[int]:
         """Remember a copy to check next round; the offsets of its tokens copied from breaks."""
-        self._offered = (len(tokens), found.origin, found.tokens)
+        self._offered = (len(tokens), found.origin, found.match, found.tokens)
         if not self.breaks:
             return frozenset()
         return frozenset(i for i in range(len(found.tokens)) if found.origin + i in self.breaks)
@@ -537,6 +544,7 @@ class AutoDrafter:
         self._model_class = 0  # the class of the round being drafted
         self._class_share = [1 / len(MODEL_CLASSES)] * len(MODEL_CLASSES)  # this reply's rounds, by class
         self._amortized = 1.0  # rounds the last catch-up was spread over
+        self._runs: deque[int] = deque(maxlen=SERVED_RUNS + 1)  # model rounds per catch-up, this reply
         # prompt lookup's acceptance, by how long the match its draft was copied from is
         # (and by whether the target was sure of the last tokens: index 1 if so, 0 if not)
         self.lookup_acc = [
@@ -585,6 +593,7 @@ class AutoDrafter:
         self._target_conf.clear()
         self._reply.clear()
         self._class_share = [1 / len(MODEL_CLASSES)] * len(MODEL_CLASSES)
+        self._runs.clear()
         # prompt lookup is judged per reply (its cost is just a batch; what differs between replies
         # is acceptance, which is learned per reply too): a class losing in code must not pause it
         # in the JSON reply that follows
@@ -756,9 +765,12 @@ class AutoDrafter:
         """A round's share of what catching the draft up with the text costs (0 when it kept up).
 
         The draft falls behind by every token decoded without it. Catching up serves the model
-        rounds that follow in this reply too, so a round is charged its share over the rounds of the
-        same class expected in what is left of the reply (how often this reply has been in the class,
-        times the rounds left at a few tokens each; a long reply is counted as ``HORIZON`` tokens).
+        rounds that follow in this reply too, until the draft falls behind again, so a round is
+        charged its share over the fewer of: the rounds of the same class expected in what is left
+        of the reply (how often this reply has been in the class, times the rounds left at a few
+        tokens each; a long reply is counted as ``HORIZON`` tokens), and the model rounds a
+        catch-up has served lately in this reply (once it has had a few). In a JSON reply where
+        copies and model rounds take turns, each model round needs its own catch-up.
         """
         # up to 2 are a drafted round's own (its last draft token and the target's), the rest is lag
         behind = self.model.pending(tokens) - 2 if self.model is not None else 0
@@ -766,7 +778,10 @@ class AutoDrafter:
             self._amortized = 1.0
             return 0.0
         rounds_left = min(self._remaining, HORIZON) / TOKENS_PER_ROUND
-        self._amortized = max(1.0, self._class_share[self._model_class] * rounds_left)
+        spread = self._class_share[self._model_class] * rounds_left
+        if len(self._runs) > SERVED_RUNS:  # the last run is still going on
+            spread = min(spread, statistics.median(list(self._runs)[:-1]))
+        self._amortized = max(1.0, spread)
         return behind * self._sync_per_token(draft_cost) / self._amortized
 
     def _losing(self, source: str) -> bool:
@@ -818,6 +833,11 @@ class AutoDrafter:
             self.costs.observe_draft(proposal.n_steps, proposal.t_steps)
         if proposal.source == "model" and proposal.n_sync > 2:
             self._sync_cost.add(proposal.t_sync / proposal.n_sync)
+        if proposal.source == "model" and proposal.tokens:
+            if proposal.n_sync > 2 or not self._runs:
+                self._runs.append(1)  # a catch-up: a new run of model rounds
+            else:
+                self._runs[-1] += 1
         if proposal.source == "lookup":
             c, diagonal = self._lookup_round
             if outcome.n_accepted:
