@@ -31,6 +31,9 @@ class Step:
     t_verify: float  # seconds in the target's batched evaluation
     t_round: float  # seconds for the whole round
     t_llama: float  # seconds inside llama_decode (both models) this round
+    # time.monotonic() when the round began, after its cancel check: a system-wide clock, so a
+    # client in another process can tell which rounds began after it cancelled
+    began: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -141,7 +141,7 @@ def generate(
             if cancel is not None and cancel():
                 reason = "cancelled"
                 break
-            t0 = time.perf_counter()
+            t0, began = time.perf_counter(), time.monotonic()
             n = len(tokens)  # the pending token sits at position n - 1
             limit = max(0, min(max_tokens - (n - n_prompt) - 1, n_ctx - n))
             choice = policy.choose(limit) if drafter is not None else Choice(0, "no drafter")
@@ -214,6 +214,7 @@ def generate(
                 t_verify=t_verify,
                 t_round=time.perf_counter() - t0,
                 t_llama=proposal.t_llama + t_llama_verify,
+                began=began,
             )
             stats.add(step)
             if stats.ttft == 0.0 and shown:
