@@ -9,6 +9,7 @@ from app.engine.auto import (
     LOOKUP_MAX,
     MODEL_CLASSES,
     PAUSED,
+    REPLY_MIN,
     Acceptance,
     AutoDrafter,
     MeasuredCosts,
@@ -216,22 +217,22 @@ def test_probes_only_when_finding_out_can_pay_for_the_catch_up() -> None:
     maybe = SyntheticCosts(base=0.010, slope=0.0002, draft=0.0005)  # drafting would pay a lot...
     auto = AutoDrafter(StaleDraft(20), LookupDrafter(), n_max=6, costs=maybe)  # type: ignore[arg-type]
     auto._since_model = 10**6  # the back-off interval has passed
-    auto._remaining = 400
+    auto._rest = 400
     assert auto._probe_due([], maybe.draft_step(), 6)  # ...and the catch-up is cheap: probe
     auto.model = StaleDraft(2000)  # type: ignore[assignment]
-    auto._remaining = 3
+    auto._rest = 3
     assert not auto._probe_due([], maybe.draft_step(), 6)  # a long catch-up for a short gain: wait
-    auto._remaining = 10**5
+    auto._rest = 10**5
     assert auto._probe_due([], maybe.draft_step(), 6)  # worth it when much of the reply is left
     auto = AutoDrafter(StaleDraft(150), LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
     auto._since_model = 10**6
-    auto._remaining = 96
+    auto._rest = 96
     # CPU-like: even a 95 %-accurate draft gains a few percent; catching up 150 tokens costs more
     assert not auto._probe_due([], CPU_LIKE.draft_step(), 6)
     auto._since_model = 0
     assert not auto._probe_due([], CPU_LIKE.draft_step(), 6)  # never before the back-off interval
     auto = AutoDrafter(StaleDraft(1), LookupDrafter(), n_max=6, costs=EXPENSIVE)  # type: ignore[arg-type]
-    auto._since_model, auto._remaining = 10**6, 10**6
+    auto._since_model, auto._rest = 10**6, 10**6
     assert not auto._probe_due([], EXPENSIVE.draft_step(), 6)  # cannot pay even at 98 % acceptance
 
 
@@ -242,7 +243,7 @@ def test_probes_only_where_the_target_is_sure_enough_for_the_draft_to_pay() -> N
     from app.engine.drafters import LookupDrafter
 
     auto = AutoDrafter(StaleDraft(5), LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
-    auto._since_model, auto._remaining = 10**6, 10**5
+    auto._since_model, auto._rest = 10**6, 10**5
     auto._model_class = 0
     assert not auto._probe_due([], CPU_LIKE.draft_step(), 6)
     auto._model_class = len(MODEL_CLASSES) - 1
@@ -250,9 +251,10 @@ def test_probes_only_where_the_target_is_sure_enough_for_the_draft_to_pay() -> N
 
 
 def test_auto_probes_a_paused_draft_in_a_long_reply(tiny_pair) -> None:
-    """Verify costs where a draft of the usual quality would pay, but this draft model has rarely
-    helped lately: auto pauses it, then re-probes."""
-    poor = SyntheticCosts(base=0.010, slope=0.004, draft=0.004)
+    """Verify costs where a draft of the usual quality would pay (a batch of 4 costs 1.6 steps, a
+    draft token 0.2), but this draft model has rarely helped lately: auto pauses it, then re-probes
+    where the reply so far promises enough of a rest to repay a probe's catch-up."""
+    poor = SyntheticCosts(base=0.010, slope=0.002, draft=0.002)
     with Engine(LoadSettings(str(tiny_pair.target), str(tiny_pair.draft), n_ctx=2048), costs=poor) as eng:
         auto = eng._drafter(GenerationSettings(mode="auto", n_max=6))
         auto.model_acc = [Acceptance(6, prior=p, weight=3.0) for _, p in MODEL_CLASSES]
@@ -544,16 +546,31 @@ def test_model_drafts_on_past_a_costly_batch_size_when_cheaper_ones_follow() -> 
     assert not keep_going(1, [0.99, 0.2])  # an unlikely 2nd token: more drafting cannot pay
 
 
-def test_catching_up_the_draft_is_spread_over_the_reply_left() -> None:
-    text = list(range(300, 400))
+def test_the_rest_of_a_reply_is_expected_to_be_as_long_as_the_reply_so_far() -> None:
+    """Within the token budget, and at least REPLY_MIN tokens: a reply n tokens long is as likely
+    to be past its middle as not."""
+    text = list(range(300, 700))  # no n-gram repeats
+    auto = AutoDrafter(None, LookupDrafter(), n_max=6, costs=CPU_LIKE)
+    for prompt_len, budget, rest in ((396, 1000, REPLY_MIN), (100, 1000, 300), (100, 50, 51), (400, 9, 10)):
+        auto.begin(text[:prompt_len])
+        auto.propose(text, budget, None, None)  # type: ignore[arg-type]
+        assert auto._rest == rest
+
+
+def test_catching_up_the_draft_is_spread_over_the_reply_expected_to_be_left() -> None:
+    """A reply is expected to go on for as long as it has gone so far (within its token budget)."""
+    text = list(range(300, 700))
     far_behind = SureDraft(pending=40)
-    auto = AutoDrafter(far_behind, LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
-    auto.begin(text)
-    auto._target_conf.extend([1.0] * 3)
-    assert auto.propose(text, 200, None, None).source == "model"  # type: ignore[arg-type]  # long reply left
-    auto.begin(text)
-    auto._target_conf.extend([1.0] * 3)
-    assert not auto.propose(text, 4, None, None).tokens  # type: ignore[arg-type]  # a few tokens left: not worth it
+
+    def first_round(prompt_len: int, budget: int) -> Proposal:
+        auto = AutoDrafter(far_behind, LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
+        auto.begin(text[:prompt_len])
+        auto._target_conf.extend([1.0] * 3)
+        return auto.propose(text, budget, None, None)  # type: ignore[arg-type]
+
+    assert first_round(10, 200).source == "model"  # 390 tokens so far, 200 to go: a long reply left
+    assert not first_round(10, 4).tokens  # a few tokens of budget left: not worth it
+    assert not first_round(396, 200).tokens  # 4 tokens so far: it may well end soon (a translation)
 
 
 def test_a_catch_up_is_charged_to_the_model_rounds_it_serves() -> None:
@@ -568,10 +585,10 @@ def test_a_catch_up_is_charged_to_the_model_rounds_it_serves() -> None:
 
     def reply(rounds_per_catch_up: int) -> Proposal:
         auto = AutoDrafter(SureDraft(pending=30), LookupDrafter(), n_max=6, costs=costs)  # type: ignore[arg-type]
-        auto.begin(text)
+        auto.begin(text[:10])
         auto._target_conf.extend([1.0] * 3)
         first = auto.propose(text, 200, None, None)  # type: ignore[arg-type]
-        assert first.source == "model"  # a long reply left: the catch-up is spread over it
+        assert first.source == "model"  # a long reply so far and left: the catch-up is spread over it
         n = len(first.tokens)
         for i in range(3 * rounds_per_catch_up):  # catch-ups of 28 tokens, each serving this many rounds
             n_sync = 30 if i % rounds_per_catch_up == 0 else 2  # 2: the round's own tokens
