@@ -51,6 +51,12 @@ def load(paths: list[Path]) -> list[dict[str, Any]]:
             and r.get("top2_gap_at_difference", 99.0) < TIE_GAP
         ]
         runs.append(summary)
+    # A run of only some categories (``--categories``) adds to their medians, but its "all" pools
+    # fewer prompts than a full run's, so it does not count toward "all".
+    every = {c for r in runs for c in r if not c.startswith("_") and c != "all"}
+    for r in runs:
+        if {c for c in r if not c.startswith("_") and c != "all"} != every:
+            r.pop("all", None)
     return runs
 
 
@@ -126,14 +132,17 @@ def report(runs: list[dict[str, Any]]) -> str:
     table = medians(runs)
     cats = [*sorted(c for c in table if c != "all"), "all"]
     modes = [m for m in ("spec3", "spec5", "spec8", "lookup", "auto") if any(m in table[c] for c in cats)]
-    plain = {c: statistics.median(v["plain"]["tok_s"] for v in (r[c] for r in runs)) for c in cats}
+    plain = {c: statistics.median(r[c]["plain"]["tok_s"] for r in runs if c in r) for c in cats}
     bound = {
         c: statistics.median(xs)
         for c in cats
-        if (xs := [r[c]["plain"]["lookup_bound"] for r in runs if "lookup_bound" in r[c]["plain"]])
+        if (xs := [r[c]["plain"]["lookup_bound"] for r in runs if c in r and "lookup_bound" in r[c]["plain"]])
     }
+    counts = {c: sum(c in r for r in runs) for c in cats}
+    uneven = ", ".join(f"{c} {n}" for c, n in counts.items() if n != len(runs))
     lines = [
-        f"Median over {len(runs)} runs (range in brackets); speedup against plain in the same run.",
+        f"Median over {len(runs)} runs (range in brackets); speedup against plain in the same run."
+        + (f" Runs per category where fewer: {uneven}." if uneven else ""),
         "",
         "| category | plain tok/s | " + " | ".join(modes) + (" | lookup bound |" if bound else " |"),
         "|" + "---|" * (len(modes) + 2 + bool(bound)),
@@ -157,7 +166,7 @@ def report(runs: list[dict[str, Any]]) -> str:
             lines += [
                 "",
                 "Per prompt: each prompt's pair of replies (the mode's and plain's, from one run) from the "
-                f"run where its speedup was the median of the {len(runs)}; a category pools its prompts.",
+                "run where its speedup was the median of the runs it was in; a category pools its prompts.",
                 "",
                 "| category | " + " | ".join(modes) + " |",
                 "|" + "---|" * (len(modes) + 1),

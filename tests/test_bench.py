@@ -84,6 +84,31 @@ def test_combine_per_prompt_takes_each_prompts_median_run() -> None:
     assert table["chat"]["plain"] == 1.0
 
 
+def test_combine_adds_runs_of_some_categories_to_their_medians_only(tmp_path, capsys) -> None:
+    """A run with ``--categories`` counts for its categories, not for the others nor for "all"."""
+
+    def rec(pid: str, cat: str, mode: str, seconds: float) -> dict:
+        stats = {
+            "n_generated": 10, "t_decode_s": seconds, "t_llama_s": seconds, "n_drafted": 0,
+            "n_accepted": 0, "rounds_drafted": 0,
+        }  # fmt: skip
+        return {"id": pid, "category": cat, "mode": mode, "stats": stats, "mean_k": 0.0, "same_as_plain": 1}
+
+    def write(name: str, cats: dict[str, float]) -> str:
+        runs = [r for cat, t in cats.items() for r in (rec(cat, cat, "plain", 1.0), rec(cat, cat, "auto", t))]
+        (tmp_path / name).write_text(json.dumps({"runs": runs}), encoding="utf-8")
+        return str(tmp_path / name)
+
+    full = [write(f"{i}.json", {"chat": 1.0, "code": 0.5}) for i in range(2)]  # auto 1.0x and 2.0x
+    part = [write(f"p{i}.json", {"chat": 2.0}) for i in range(3)]  # auto 0.5x on chat
+    assert combine.main(full + part) == 0
+    report = capsys.readouterr().out
+    assert "Median over 5 runs" in report and "Runs per category where fewer: code 2, all 2." in report
+    assert "| chat | 10.00 | 0.50x (0.50-1.00) |" in report  # five runs
+    assert "| code | 10.00 | 2.00x (2.00-2.00) |" in report  # two
+    assert "| all | 10.00 | 1.33x (1.33-1.33) |" in report  # the two full runs only
+
+
 def test_peak_rss_of_a_child_does_not_count_its_parent() -> None:
     """Linux keeps a forked parent's peak in the child's ru_maxrss across exec; VmHWM does not."""
     import subprocess
