@@ -1,7 +1,9 @@
 """``tandem bench``: every generation mode on a JSONL prompt set, interleaved per prompt.
 
-The pair is loaded once. For each prompt all modes run back to back (in an order rotated per prompt),
-so drift on a noisy machine hits every mode alike; each run starts from an empty KV cache so prompt
+The pair is loaded once. For each prompt all modes run back to back, in an order that changes from
+prompt to prompt (a Williams design: every mode runs in every place and right after every other mode
+equally often), so drift on a noisy machine and whatever one mode leaves behind for the next hit every
+mode alike; each run starts from an empty KV cache so prompt
 processing and time to first token are comparable. Greedy outputs are compared with plain decoding's
 (speculative decoding must not change them). Prints a table per category and writes JSON.
 """
@@ -61,8 +63,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--shift",
         type=int,
         default=0,
-        help="start each prompt's rotation of the modes this many places further: give each run of a "
-        "series its own (0, 1, 2, ...) so that no mode runs in the same place on a prompt every time",
+        help="start the prompts this many rows further into the balanced orders of the modes: give each "
+        "run of a series its own (0, 1, 2, ...) so that a prompt runs its modes in another order each time",
     )
     p.add_argument("--out", type=Path, default=None, help="JSON results (default bench/results/<time>.json)")
     p.add_argument(
@@ -134,9 +136,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         warm_up(engine, prompts, modes)
         for i, row in enumerate(prompts):
             ids = engine.chat_prompt([{"role": "user", "content": row["prompt"]}])
-            order: list[Any] = [*modes, *(LCPP_MODES if args.llama_cpp else [])]
-            at = (i + args.shift) % len(order)
-            order = order[at:] + order[:at]
+            order = balanced_order([*modes, *(LCPP_MODES if args.llama_cpp else [])], i + args.shift)
             plain_tokens = None
             runs = {}
             for m in order:
@@ -236,6 +236,23 @@ def lookup_bound(
         cost += ratio(k + 1)
         pos += k + 1
     return len(reply), cost
+
+
+def balanced_order(items: list[Any], row: int) -> list[Any]:
+    """Row ``row`` (cyclically) of a Williams design for ``items``: over its rows (``n`` for an even
+    number of items, ``2n`` for an odd one) every item runs in every place, and right after every
+    other item, equally often. A plain rotation would always put the same mode after the same other
+    mode, so any carry-over (caches, the draft's state, heat) would land on one mode."""
+    n = len(items)
+    if n < 2:
+        return list(items)
+    first = [0]
+    for j in range(1, n):  # 0, 1, n-1, 2, n-2, ...
+        first.append((j + 1) // 2 if j % 2 else n - j // 2)
+    rows = [[(x + r) % n for x in first] for r in range(n)]
+    if n % 2:
+        rows += [row_[::-1] for row_ in rows]
+    return [items[x] for x in rows[row % len(rows)]]
 
 
 def warm_up(engine: Any, prompts: list[dict[str, str]], modes: list[Mode]) -> None:

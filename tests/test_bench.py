@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
+from itertools import pairwise
 
 import pytest
 
@@ -40,12 +42,13 @@ def test_bench_runs_every_mode_and_combine_reports_medians(tiny_pair, tmp_path, 
     assert {r["mode"] for r in data["runs"]} == {"plain", "spec3", "lookup", "auto"}
     assert all(r["same_as_plain"] or r["top2_gap_at_difference"] < 1e-3 for r in data["runs"])
     assert data["summary"]["all"]["plain"]["speedup"] == 1.0
-    # each prompt rotates the order of the modes; a run's shift moves every prompt's rotation on
+    # each prompt takes the next row of the balanced orders; a run's shift moves every prompt on a row
     second = json.loads((tmp_path / "b.json").read_text())
     place = {(r["id"], r["mode"]): r["position"] for r in data["runs"]}
     moved = {(r["id"], r["mode"]): r["position"] for r in second["runs"]}
-    assert place[("p0", "plain")] == 0 and place[("p1", "plain")] == 3
-    assert moved[("p0", "plain")] == 3 and moved[("p1", "plain")] == 2
+    assert [place[("p0", m)] for m in ("plain", "spec3", "lookup", "auto")] == [0, 1, 3, 2]
+    assert [place[("p1", m)] for m in ("plain", "spec3", "lookup", "auto")] == [2, 0, 1, 3]
+    assert [moved[("p0", m)] for m in ("plain", "spec3", "lookup", "auto")] == [2, 0, 1, 3]
     assert second["settings"]["shift"] == 1
     ratios = data["settings"]["verify_ratios"]  # the costs auto mode measured, for bench.replay
     assert len(ratios) == 16 and ratios[0] == 1.0
@@ -59,6 +62,18 @@ def test_bench_runs_every_mode_and_combine_reports_medians(tiny_pair, tmp_path, 
     assert "lookup bound" in report
     assert "Median over 2 runs" in report
     assert "Per prompt: each prompt's pair of replies" in report
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 6, 7])
+def test_balanced_orders_put_every_mode_in_every_place_and_after_every_other_mode(n) -> None:
+    """A rotation would always run auto right after lookup; a Williams design spreads any carry-over."""
+    rows = [bench_run.balanced_order(list(range(n)), r) for r in range(n if n % 2 == 0 else 2 * n)]
+    assert all(sorted(row) == list(range(n)) for row in rows)
+    places = Counter((x, j) for row in rows for j, x in enumerate(row))
+    assert len(places) == n * n and len(set(places.values())) == 1
+    after = Counter((a, b) for row in rows for a, b in pairwise(row))
+    assert len(after) == n * (n - 1) and len(set(after.values())) == 1
+    assert bench_run.balanced_order(list(range(n)), len(rows)) == rows[0]  # rows repeat
 
 
 def test_combine_per_prompt_takes_each_prompts_median_run() -> None:
