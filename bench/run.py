@@ -3,8 +3,8 @@
 The pair is loaded once. For each prompt all modes run back to back, in an order that changes from
 prompt to prompt (a Williams design: every mode runs in every place and right after every other mode
 equally often), so drift on a noisy machine and whatever one mode leaves behind for the next hit every
-mode alike; each run starts from an empty KV cache so prompt
-processing and time to first token are comparable. Greedy outputs are compared with plain decoding's
+mode alike; each run starts from an empty KV cache so prompt processing and time to first token
+are comparable. Greedy outputs are compared with plain decoding's
 (speculative decoding must not change them). Prints a table per category and writes JSON.
 """
 
@@ -258,7 +258,7 @@ def balanced_order(items: list[Any], row: int) -> list[Any]:
 def warm_up(engine: Any, prompts: list[dict[str, str]], modes: list[Mode]) -> None:
     """One short, untimed reply per model before measuring: the first replies after a load run slowly
     (pages of the weights still being faulted in, caches cold) and would penalize whichever mode the
-    rotation puts first."""
+    order puts first."""
     from app.engine.engine import GenerationSettings
 
     if not prompts:
