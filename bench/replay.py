@@ -1,20 +1,27 @@
-"""Replay auto mode's prompt-lookup policy on recorded replies: free of noise, in about a minute.
+"""Replay auto mode on recorded replies: free of noise, in about a minute.
 
 A benchmark run on a shared 2-core machine moves by 5-20 % per category between runs, so a change to
-auto mode's lookup policy worth 3 % cannot be seen in one. This replays the policy on the plain
-replies a ``tandem bench`` run recorded, teacher-forced: each round the policy plans a draft for the
-recorded text so far, the draft is checked against the recorded reply, and the round is charged the
-verify cost of its batch from a fixed table (relative to one decode step). The target's confidence in
-each token, which the policy reads, comes from one batched pass over each reply::
+auto mode worth 3 % cannot be seen in one. This replays auto mode's policy on the plain replies a
+``tandem bench`` run recorded, teacher-forced: each round the policy plans a draft for the recorded
+text so far, the draft is checked against the recorded reply, and the round is charged fixed costs
+(relative to one decode step): the target's verify cost of its batch, and for the draft model what it
+costs to evaluate the tokens it catches up with and each token it drafts. The target's confidence in
+each token, which the policy reads, comes from one batched pass over each reply; so do the draft
+model's greedy predictions (a greedy draft agrees with the reply exactly as far as the draft model's
+prediction, given the reply so far, does)::
 
     python -m bench.replay bench/results/a.json
 
-Prints the modeled speedup per category of auto mode's lookup policy and of an all-knowing one (the
-lookup bound), and the cost table used: the run's own (``tandem bench`` records the verify costs its
-engine measured), or ``--ratios``.
-The draft model is not replayed (its drafts need its outputs; on this CPU auto mode drafts with it
-in about 1 % of rounds). The replies are fixed, so a policy that would change the text (at a
-numerical tie) is judged on plain decoding's text.
+Prints the modeled speedup per category of auto mode's prompt-lookup policy alone, of auto mode with
+the draft model, of fixed drafting with the draft model (``spec3``, ``spec5``; set against what the
+run measured for them, to show how far the fixed costs are to be trusted), and of an all-knowing
+lookup policy (the lookup bound). Verify costs are the run's own (``tandem bench`` records what its
+engine measured) or ``--ratios``; the draft model's are measured now or given as ``--draft-ratios``.
+With ``--orders N`` the replies are replayed in N orders (the run's, then shuffled) and each figure
+is the geometric mean: the policy learns across replies, so one order's figure for a category also
+depends on what came before it.
+The replies are fixed, so a policy that would change the text (at a numerical tie) is judged on
+plain decoding's text.
 """
 
 from __future__ import annotations
@@ -27,29 +34,48 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from app.engine.drafters import EMPTY, Proposal
+
 STEP = 0.1  # seconds charged for one decode step (the policy reads seconds; only ratios matter)
+# Python's share of drafting one token with the draft model (its logits to a token and a probability),
+# in decode steps of the target: about 2 ms against a step of 90-100 ms on this machine.
+DRAFT_PYTHON = 0.02
 
 
 class TableCosts:
-    """A fixed cost model: batch b costs ``ratios[b - 1]`` steps (past the table, its last slope)."""
+    """A fixed cost model: batch b costs ``ratios[b - 1]`` steps (past the table, its last slope).
 
-    def __init__(self, ratios: Sequence[float]):
+    With ``draft``, the draft model evaluating a batch of b tokens costs ``draft[b - 1]`` steps (a
+    catch-up is one batch; each drafted token after the first is a batch of one).
+    """
+
+    def __init__(self, ratios: Sequence[float], draft: Sequence[float] | None = None):
         if not ratios or ratios[0] != 1.0:
             raise ValueError("the table starts with a batch of 1, which costs 1.0")
         self.ratios = list(ratios)
+        self.draft = list(draft) if draft else None
 
-    def ratio(self, batch: int) -> float:
-        r = self.ratios
+    @staticmethod
+    def _lookup(r: Sequence[float], batch: int) -> float:
         if batch <= len(r):
             return r[max(batch, 1) - 1]
-        slope = (r[-1] - 1.0) / (len(r) - 1) if len(r) > 1 else 0.35
+        slope = (r[-1] - r[0]) / (len(r) - 1) if len(r) > 1 else 0.35 * r[0]
         return r[-1] + slope * (batch - len(r))
+
+    def ratio(self, batch: int) -> float:
+        return self._lookup(self.ratios, batch)
+
+    def draft_batch(self, batch: int) -> float:
+        """Steps the draft model takes to evaluate ``batch`` tokens."""
+        if self.draft is None:
+            raise ValueError("no draft model costs")
+        return self._lookup(self.draft, batch)
 
     def verify(self, batch: int) -> float:
         return STEP * self.ratio(batch)
 
     def draft_step(self) -> float | None:
-        return None
+        return STEP * (self.draft_batch(1) + DRAFT_PYTHON) if self.draft else None
 
     def observe_verify(self, batch: int, seconds: float) -> None:
         pass
@@ -65,36 +91,166 @@ class Reply:
     prompt: list[int]
     tokens: list[int]
     confidence: list[float]  # the target's top-token probability where it chose each token
+    # the draft model's greedy token and its probability at each position, given the reply before it
+    draft: tuple[int, ...] = ()
+    draft_confidence: tuple[float, ...] = ()
 
 
-def replay_auto(replies: Sequence[Reply], costs: TableCosts, max_tokens: int) -> dict[str, tuple[int, float]]:
-    """category -> (tokens, cost in steps) of auto mode's lookup policy, replies in order (the policy
-    learns across them, as in a benchmark run)."""
-    from app.engine.auto import CONFIDENCE_WINDOW, AutoDrafter, Outcome
-    from app.engine.drafters import EMPTY, LookupDrafter
-    from app.engine.sampling import SamplingParams
+class ReplayDraft:
+    """The draft model, replayed along one recorded reply (the :class:`ModelDrafter` interface).
 
-    auto = AutoDrafter(None, LookupDrafter(), costs=costs)
-    params = SamplingParams()
-    out: dict[str, tuple[int, float]] = {}
+    Its drafts are its greedy predictions given the reply so far; once a drafted token leaves the
+    reply the rest of the draft is rejected whatever it is. It keeps count of how much of the text
+    its cache holds, so a round after rounds without it pays for catching up.
+    """
+
+    name = "model"
+
+    def __init__(self, costs: TableCosts):
+        self.costs = costs
+        self.p_min = 0.0
+        self._reply: Reply | None = None
+        self._seen = 0  # tokens of the text in the draft's cache
+
+    def start(self, reply: Reply) -> None:
+        if len(reply.draft) != len(reply.tokens):
+            raise ValueError(f"reply {reply.id} has no draft model predictions")
+        self._reply = reply
+
+    def begin(self, prompt: Sequence[int], *, evaluate: bool = True) -> float:
+        self._seen = len(prompt) - 1 if evaluate else 0
+        return 0.0  # prompt processing is not replayed
+
+    def pending(self, tokens: Sequence[int]) -> int:
+        return max(1, len(tokens) - self._seen)
+
+    def propose(
+        self,
+        tokens: Sequence[int],
+        k: int,
+        params: Any,
+        rng: Any,
+        *,
+        keep_going: Callable[[int, Sequence[float]], bool] | None = None,
+    ) -> Proposal:
+        r = self._reply
+        if k <= 0 or r is None:
+            return EMPTY
+        n_sync = self.pending(tokens)
+        t_sync = STEP * self.costs.draft_batch(n_sync)
+        pos = len(tokens) - len(r.prompt)  # where the draft starts in the reply
+        ids: list[int] = []
+        conf: list[float] = []
+        steps = 0
+        on_reply = True
+        for j in range(min(k, len(r.tokens) - pos)):
+            c = r.draft_confidence[pos + j]
+            if c < self.p_min:
+                break
+            on_reply = on_reply and r.draft[pos + j] == r.tokens[pos + j]
+            ids.append(r.draft[pos + j] if on_reply else -1)  # -1: off the reply, rejected anyway
+            conf.append(c)
+            if j == k - 1 or (keep_going is not None and not keep_going(j, conf)):
+                break
+            steps += 1  # the drafted token is evaluated to draft the next
+        good = 0
+        while good < steps and ids[good] == r.tokens[pos + good]:
+            good += 1
+        self._seen = len(tokens) + good
+        t_steps = steps * STEP * self.costs.draft_batch(1)
+        t = t_sync + t_steps + len(ids) * STEP * DRAFT_PYTHON
+        return Proposal(
+            tuple(ids), (None,) * len(ids), tuple(conf), self.name, t, 0.0, steps, t_steps,
+            n_sync=n_sync, t_sync=t_sync,
+        )  # fmt: skip
+
+    def close(self) -> None:
+        pass
+
+
+Result = dict[str, tuple[int, float]]  # category -> (tokens, cost in decode steps)
+
+
+def _replay(
+    replies: Sequence[Reply],
+    costs: TableCosts,
+    max_tokens: int,
+    begin: Callable[[Reply], None],
+    propose: Callable[[list[int], int], Proposal],
+    observe: Callable[[Proposal, Any], None] | None = None,
+) -> tuple[Result, dict[str, float]]:
+    """Replies in order through one policy: per category (tokens, steps), and each reply's speedup."""
+    from app.engine.auto import CONFIDENCE_WINDOW, Outcome
+
+    out: Result = {}
+    per: dict[str, float] = {}
     for r in replies:
-        auto.begin(r.prompt)
+        begin(r)
         pos, cost = 0, 0.0
         while pos < len(r.tokens):
             room = max_tokens - pos - 1
-            prop = auto.propose([*r.prompt, *r.tokens[:pos]], room, params, None) if room > 0 else EMPTY  # type: ignore[arg-type]
+            prop = propose([*r.prompt, *r.tokens[:pos]], room) if room > 0 else EMPTY
             a = accepted(prop.tokens, r.tokens, pos)
             batch = 1 + len(prop.tokens)
-            seconds = costs.verify(batch)
+            verify = costs.verify(batch)
+            drafting = prop.t_sync + prop.t_steps + len(prop.tokens) * STEP * DRAFT_PYTHON
+            seconds = verify + (drafting if prop.source == "model" and prop.tokens else 0.0)
             new = a + 1
-            sure = tuple(r.confidence[max(pos, pos + new - CONFIDENCE_WINDOW) : pos + new])
-            source = prop.source if prop.tokens else "none"
-            auto.observe(prop, Outcome(source, len(prop.tokens), a, batch, seconds, seconds, sure))
+            if observe is not None:
+                sure = tuple(r.confidence[max(pos, pos + new - CONFIDENCE_WINDOW) : pos + new])
+                source = prop.source if prop.tokens else "none"
+                observe(prop, Outcome(source, len(prop.tokens), a, batch, verify, seconds, sure))
             cost += seconds / STEP
             pos += new
         n, c = out.get(r.category, (0, 0.0))
         out[r.category] = (n + len(r.tokens), c + cost)
-    return out
+        per[r.id] = len(r.tokens) / cost if cost else 0.0
+    return out, per
+
+
+def replay_auto(
+    replies: Sequence[Reply], costs: TableCosts, max_tokens: int, *, model: bool = False
+) -> Result:
+    """category -> (tokens, cost in steps) of auto mode's policy, replies in order (the policy learns
+    across them, as in a benchmark run): prompt lookup only, or (``model``) with the draft model too."""
+    return replay_auto_replies(replies, costs, max_tokens, model=model)[0]
+
+
+def replay_auto_replies(
+    replies: Sequence[Reply], costs: TableCosts, max_tokens: int, *, model: bool = False
+) -> tuple[Result, dict[str, float]]:
+    """:func:`replay_auto`, and each reply's speedup."""
+    from app.engine.auto import AutoDrafter
+    from app.engine.drafters import LookupDrafter
+    from app.engine.sampling import SamplingParams
+
+    draft = ReplayDraft(costs) if model else None
+    auto = AutoDrafter(draft, LookupDrafter(), costs=costs)
+    params = SamplingParams()
+
+    def begin(r: Reply) -> None:
+        if draft is not None:
+            draft.start(r)
+        auto.begin(r.prompt)
+
+    return _replay(
+        replies, costs, max_tokens, begin, lambda t, room: auto.propose(t, room, params, None), auto.observe
+    )
+
+
+def replay_fixed(
+    replies: Sequence[Reply], costs: TableCosts, k: int, max_tokens: int
+) -> tuple[Result, dict[str, float]]:
+    """The same for drafting ``k`` tokens with the draft model every round (``spec3`` for 3)."""
+    draft = ReplayDraft(costs)
+
+    def begin(r: Reply) -> None:
+        draft.start(r)
+        draft.begin(r.prompt)
+
+    return _replay(
+        replies, costs, max_tokens, begin, lambda t, room: draft.propose(t, min(k, room), None, None)
+    )
 
 
 def replay_bound(replies: Sequence[Reply], costs: TableCosts) -> dict[str, tuple[int, float]]:
@@ -117,86 +273,203 @@ def accepted(draft: Sequence[int], reply: Sequence[int], pos: int) -> int:
     return a
 
 
-def load_replies(data: dict[str, Any], target: str, prompts: Path) -> tuple[list[Reply], list[float]]:
-    """The run's plain replies with the target's confidences, and the target's verify cost ratios for
-    batches of 1-16 as its warm-up measures them on this machine now."""
+def load_replies(
+    data: dict[str, Any], target: str, prompts: Path, draft: str | None = None
+) -> tuple[list[Reply], list[float], list[float] | None]:
+    """The run's plain replies with the target's confidences (and the ``draft`` model's predictions),
+    the target's verify cost ratios for batches of 1-16 as its warm-up measures them on this machine
+    now, and (with a draft) the draft's cost of evaluating batches of 1-32 (:func:`measure_draft`)."""
     from app.engine import sampling
     from app.engine.engine import Engine, LoadSettings
-    from app.engine.llama import Context
+    from app.engine.llama import Context, Model
     from bench.run import load_prompts
 
     text = {row["id"]: row["prompt"] for row in load_prompts(prompts)}
     replies = []
-    with Engine(LoadSettings(target, None, n_ctx=512)) as engine:
+    with Engine(LoadSettings(target, draft, n_ctx=512)) as engine:
         ratios = [round(engine.costs.ratio(b), 3) for b in range(1, 17)]
+        draft_ratios = measure_draft(engine.target, engine.draft) if engine.draft is not None else None
         for run in data["runs"]:
             if run["mode"] != "plain" or run["id"] not in text:
                 continue
             ids = engine.chat_prompt([{"role": "user", "content": text[run["id"]]}])
             tokens = list(run["tokens"])
             n = len(ids) + len(tokens)
-            ctx = Context(engine.target, n_ctx=n + 8, n_batch=n + 8)
-            try:
-                ctx.decode([*ids, *tokens], 0, logits="all")
-                conf = [sampling.top_probability(ctx.logits(len(ids) - 1 + i)) for i in range(len(tokens))]
-            finally:
-                ctx.close()
-            replies.append(Reply(run["id"], run["category"], ids, tokens, conf))
-    return replies, ratios
+            found: list[tuple[list[int], list[float]]] = []
+            models: list[Model] = [engine.target] if engine.draft is None else [engine.target, engine.draft]
+            for model in models:
+                ctx = Context(model, n_ctx=n + 8, n_batch=n + 8)
+                try:
+                    ctx.decode([*ids, *tokens], 0, logits="all")
+                    rows = [ctx.logits(len(ids) - 1 + i) for i in range(len(tokens))]
+                    found.append(
+                        ([int(row.argmax()) for row in rows], [sampling.top_probability(x) for x in rows])
+                    )
+                finally:
+                    ctx.close()
+            conf = found[0][1]
+            guess, guess_conf = found[1] if len(found) > 1 else ([], [])
+            replies.append(
+                Reply(run["id"], run["category"], ids, tokens, conf, tuple(guess), tuple(guess_conf))
+            )
+    return replies, ratios, draft_ratios
 
 
-def table(rows: dict[str, dict[str, tuple[int, float]]]) -> str:
-    """Markdown: modeled speedup (tokens / cost in steps) per category for each policy."""
-    names = list(rows)
-    cats = sorted({c for r in rows.values() for c in r})
-    lines = ["| category | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+DRAFT_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 
-    def speedup(r: dict[str, tuple[int, float]], cats: Sequence[str]) -> str:
+
+def measure_draft(target: Any, draft: Any, context: int = 300, reps: int = 7) -> list[float]:
+    """The draft model's cost of evaluating a batch of 1-32 tokens after ``context`` tokens, in steps
+    of the target (medians of ``reps`` timings; sizes between the timed ones interpolated)."""
+    import statistics
+    import time
+
+    from app.engine.llama import Context
+
+    def timed(ctx: Any, n: int) -> float:
+        samples = []
+        for _ in range(reps):
+            ctx.trim(context)
+            t0 = time.perf_counter()
+            ctx.decode([(2000 + i) % vocab for i in range(n)], context, logits="last")
+            samples.append(time.perf_counter() - t0)
+        return statistics.median(samples)
+
+    vocab = min(target.n_vocab, draft.n_vocab)
+    ctxs = [Context(m, n_ctx=context + 64, n_batch=64) for m in (target, draft)]
+    try:
+        for ctx in ctxs:
+            ctx.decode([(1000 + i) % vocab for i in range(context)], 0, logits="none")
+        step = timed(ctxs[0], 1)
+        at = {n: timed(ctxs[1], n) / step for n in DRAFT_BATCHES}
+    finally:
+        for ctx in ctxs:
+            ctx.close()
+    out = []
+    for b in range(1, DRAFT_BATCHES[-1] + 1):
+        lo = max(n for n in DRAFT_BATCHES if n <= b)
+        hi = min(n for n in DRAFT_BATCHES if n >= b)
+        out.append(round(at[lo] + (at[hi] - at[lo]) * ((b - lo) / (hi - lo) if hi > lo else 0.0), 3))
+    return out
+
+
+Table = dict[str, list[Result]]  # policy -> its result in each order replayed
+
+
+def speedup(results: Sequence[Result], cats: Sequence[str]) -> float:
+    """Geometric mean over orders of tokens / cost in steps, pooled over ``cats``."""
+    import math
+
+    logs = []
+    for r in results:
         n = sum(r[c][0] for c in cats if c in r)
         cost = sum(r[c][1] for c in cats if c in r)
-        return f"{n / cost:.3f}x" if cost else "-"
+        if not cost:
+            return 0.0
+        logs.append(math.log(n / cost))
+    return math.exp(sum(logs) / len(logs)) if logs else 0.0
 
+
+def table(rows: Table | dict[str, Result], measured: dict[str, dict[str, float]] | None = None) -> str:
+    """Markdown: modeled speedup (tokens / cost in steps) per category for each policy; ``measured``:
+    columns of speedups a run measured (policy -> category -> speedup), printed after them."""
+    runs: Table = {k: v if isinstance(v, list) else [v] for k, v in rows.items()}
+    measured = measured or {}
+    names = list(runs)
+    cats = sorted({c for rs in runs.values() for r in rs for c in r})
+    head = [*names, *(f"{m} (measured)" for m in measured)]
+    lines = ["| category | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
     for c in [*cats, "all"]:
-        pick: Callable[[dict[str, tuple[int, float]]], str] = (
-            (lambda r: speedup(r, cats)) if c == "all" else (lambda r, c=c: speedup(r, [c]))
-        )
-        lines.append(f"| {c} | " + " | ".join(pick(rows[name]) for name in names) + " |")
+        pick = cats if c == "all" else [c]
+        cells = [f"{speedup(runs[name], pick):.3f}x" for name in names]
+        cells += [f"{m[c]:.2f}x" if c in m else "-" for m in measured.values()]
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def measured_speedups(data: dict[str, Any], modes: Sequence[str]) -> dict[str, dict[str, float]]:
+    """What the run itself measured for ``modes`` (speedup against plain, per category)."""
+    from bench.run import summarize
+
+    summary = data.get("summary") or summarize(data)
+    out: dict[str, dict[str, float]] = {}
+    for m in modes:
+        col = {c: row[m]["speedup"] for c, row in summary.items() if m in row and "speedup" in row[m]}
+        if col:
+            out[m] = col
+    return out
+
+
+def orders(replies: Sequence[Reply], n: int) -> list[list[Reply]]:
+    """The run's order, then ``n - 1`` shuffles of it (seeded: the same every time)."""
+    import random
+
+    out = [list(replies)]
+    for seed in range(1, n):
+        shuffled = list(replies)
+        random.Random(seed).shuffle(shuffled)
+        out.append(shuffled)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.replay", description=__doc__)
     p.add_argument("results", type=Path, help="a JSON file written by tandem bench (with a plain mode)")
     p.add_argument("--target", help="the target GGUF (default: the run's)")
+    p.add_argument("--draft", help="the draft GGUF (default: the run's, if it had one)")
+    p.add_argument("--no-draft", action="store_true", help="replay prompt lookup only")
     p.add_argument("--prompts", type=Path, help="the prompts JSONL (default: the run's)")
     p.add_argument(
         "--ratios",
         help="verify cost of batches 1, 2, 3, ... in decode steps, comma-separated "
         "(default: the run's, if it recorded them; else measured by loading the target now)",
     )
+    p.add_argument(
+        "--draft-ratios",
+        help="the draft model's cost of evaluating batches of 1, 2, 3, ... tokens in decode steps of "
+        "the target, comma-separated (default: measured by loading both models now)",
+    )
+    p.add_argument("--orders", type=int, default=1, help="replay in this many orders (default: 1, the run's)")
     args = p.parse_args(argv)
     try:
         data = json.loads(args.results.read_text(encoding="utf-8"))
         settings = data["settings"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise SystemExit(f"cannot read benchmark results {args.results}: {e}") from None
+    if args.orders < 1:
+        raise SystemExit("--orders must be at least 1")
     target = args.target or settings["target"]
+    draft = None if args.no_draft else args.draft or settings.get("draft")
     prompts = args.prompts or Path(settings["prompts"])
-    replies, measured = load_replies(data, target, prompts)
+    replies, measured, measured_draft = load_replies(data, target, prompts, draft)
     if not replies:
         raise SystemExit(f"{args.results} has no plain replies to replay")
     recorded = settings.get("verify_ratios")  # what the run's engine had measured when it ended
     ratios = [float(x) for x in args.ratios.split(",")] if args.ratios else recorded or measured
-    costs = TableCosts(ratios)
-    rows = {
-        "auto (lookup)": replay_auto(replies, costs, int(settings.get("max_tokens", 96))),
-        "lookup bound": replay_bound(replies, costs),
-    }
+    draft_ratios = [float(x) for x in args.draft_ratios.split(",")] if args.draft_ratios else measured_draft
+    costs = TableCosts(ratios, draft_ratios if draft else None)
+    max_tokens = int(settings.get("max_tokens", 96))
+    rows: Table = {"auto (lookup)": [], "auto": [], "spec3": [], "spec5": [], "lookup bound": []}
+    for order in orders(replies, args.orders):
+        rows["auto (lookup)"].append(replay_auto(order, costs, max_tokens))
+        if draft:
+            rows["auto"].append(replay_auto(order, costs, max_tokens, model=True))
+            for k in (3, 5):
+                rows[f"spec{k}"].append(replay_fixed(order, costs, k, max_tokens)[0])
+    rows["lookup bound"].append(replay_bound(replies, costs))
+    rows = {k: v for k, v in rows.items() if v}
+    run_figures = measured_speedups(data, ["spec3", "spec5", "auto"] if draft else [])
     print(
-        f"Replay of {len(replies)} plain replies from {args.results.name}; modeled speedup against plain.\n"
+        f"Replay of {len(replies)} plain replies from {args.results.name}"
+        f"{f' in {args.orders} orders' if args.orders > 1 else ''}; modeled speedup against plain.\n"
     )
-    print(table(rows))
+    print(table(rows, run_figures))
     print(f"\nverify costs (steps, batches 1-{len(ratios)}): --ratios {','.join(f'{r:g}' for r in ratios)}")
+    if draft and draft_ratios:
+        print(
+            f"draft model costs (steps, batches 1-{len(draft_ratios)}): "
+            f"--draft-ratios {','.join(f'{r:g}' for r in draft_ratios)}"
+        )
     return 0
 
 

@@ -183,6 +183,37 @@ def test_replay_models_auto_modes_lookup_policy_on_recorded_replies() -> None:
     assert replay_auto([copy, prose], costs, max_tokens=96) == auto  # deterministic
 
 
+def test_replay_models_the_draft_model_from_its_predictions_along_the_reply() -> None:
+    """A draft model that predicts the reply pays at every fixed length and auto mode drafts with it;
+    one that never does makes fixed drafting lose and auto mode stays at plain decoding's speed."""
+    from bench.replay import ReplayDraft, Reply, TableCosts, replay_auto, replay_auto_replies, replay_fixed
+
+    tokens = list(range(500, 590))
+    right = Reply("r", "math", [1, 2, 3, 4], tokens, [0.999] * 90, tuple(tokens), (0.99,) * 90)
+    wrong = Reply("w", "chat", [1, 2, 3, 5], tokens, [0.4] * 90, tuple(t + 1 for t in tokens), (0.6,) * 90)
+    verify = [1.0, 1.15, 1.3, 1.45, 1.6, 1.75, 1.9, 2.05, 2.2]
+    costs = TableCosts(verify, [0.2, 0.25, 0.3, 0.35])
+    assert costs.draft_batch(6) == pytest.approx(0.35 + 2 * 0.15 / 3)  # past the table: its mean slope
+    for k in (3, 5):
+        fixed, per = replay_fixed([right, wrong], costs, k, max_tokens=96)
+        assert per["r"] > 1.5 and per["w"] < 0.8
+        n, cost = fixed["math"]
+        # every full round drafts k tokens, all accepted, plus the target's own: a catch-up of 2 tokens,
+        # k - 1 draft steps, the draft's Python per token, and a batch of k + 1
+        full = 90 // (k + 1) - 1  # the first catches up 1 token, the last is short
+        assert n == 90 and cost > full * (0.25 + (k - 1) * 0.2 + verify[k])
+    auto, per = replay_auto_replies([wrong, right], costs, max_tokens=96, model=True)
+    assert per["r"] > 1.5  # learned from its own rounds in this reply
+    assert per["w"] > 0.9  # where the draft is always wrong, it stops drafting
+    assert replay_auto([wrong, right], costs, max_tokens=96, model=True) == auto  # deterministic
+    draft = ReplayDraft(costs)
+    draft.start(right)
+    draft.begin(right.prompt)
+    assert draft.pending([*right.prompt, *tokens[:5]]) == 6  # five decoded without it, and the prompt's last
+    with pytest.raises(ValueError, match="no draft model predictions"):
+        draft.start(Reply("x", "chat", [1], tokens, [0.5] * 90))
+
+
 def test_replay_reads_a_bench_run_and_prints_its_table(tiny_pair, tmp_path, capsys) -> None:
     from bench import replay
 
@@ -190,11 +221,23 @@ def test_replay_reads_a_bench_run_and_prints_its_table(tiny_pair, tmp_path, caps
     assert bench_run.main(args) == 0
     capsys.readouterr()
     ratios = "1,1.5,1.9,2.1"
-    assert replay.main([str(tmp_path / "run.json"), "--ratios", ratios]) == 0
+    assert replay.main([str(tmp_path / "run.json"), "--ratios", ratios, "--no-draft"]) == 0
     first = capsys.readouterr().out
     assert "| category | auto (lookup) | lookup bound |" in first and "| all |" in first
     assert f"--ratios {ratios}" in first
-    assert replay.main([str(tmp_path / "run.json"), "--ratios", ratios]) == 0
+    assert replay.main([str(tmp_path / "run.json"), "--ratios", ratios, "--no-draft"]) == 0
     assert capsys.readouterr().out == first  # the same replies and costs: the same figures
+    # with the run's draft model: its costs measured now, then given
+    assert replay.main([str(tmp_path / "run.json"), "--ratios", ratios, "--orders", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "| category | auto (lookup) | auto | spec3 | spec5 | lookup bound | spec3 (measured) |" in printed
+    assert "in 2 orders" in printed
+    draft_ratios = printed.split("--draft-ratios ")[1].split()[0].split(",")
+    assert len(draft_ratios) == 32 and all(float(x) > 0 for x in draft_ratios)
+    given = [str(tmp_path / "run.json"), "--ratios", ratios, "--draft-ratios", "0.3,0.35,0.4"]
+    assert replay.main(given) == 0
+    again = capsys.readouterr().out
+    assert replay.main(given) == 0
+    assert capsys.readouterr().out == again
     with pytest.raises(SystemExit, match="cannot read"):
         replay.main([str(tmp_path / "missing.json")])
