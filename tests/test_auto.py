@@ -602,6 +602,53 @@ def test_a_catch_up_is_charged_to_the_model_rounds_it_serves() -> None:
     assert reply(rounds_per_catch_up=8).source == "model"
 
 
+def test_a_catch_up_is_spread_only_over_rounds_before_lookup_drafts_again() -> None:
+    """In a code edit prompt lookup copies every few rounds and leaves the draft behind each time:
+    a catch-up serves the model rounds until the next copy, not the rest of the reply. Replayed
+    on the benchmark's replies, spreading it over the reply cost ``code_edit`` 6 % against prompt
+    lookup alone (a catch-up of 28 tokens, 6 decode steps, for one round of 4 tokens)."""
+    costs = SyntheticCosts(base=0.1, slope=0.025, draft=0.04)  # a sure draft pays 1.3x when in step
+    text = list(range(300, 400))
+
+    def catch_up_round(copies: int) -> Proposal:
+        auto = AutoDrafter(SureDraft(pending=30), LookupDrafter(), n_max=6, costs=costs)  # type: ignore[arg-type]
+        auto._sync_cost.add(0.0175)  # catching up costs 17.5 ms a token: 0.5 s for these 28
+        auto.begin(text[:10])
+        for _ in range(copies):  # lookup rounds earlier in this reply
+            auto._copy_share = 0.9 * auto._copy_share + 0.1
+        auto._target_conf.extend([1.0] * 3)
+        return auto.propose(text, 200, None, None)  # type: ignore[arg-type]
+
+    assert catch_up_round(copies=0).source == "model"
+    assert not catch_up_round(copies=8).tokens  # every other round or so is a copy: one round served
+
+
+def test_a_catch_up_is_charged_as_catch_ups_served_in_earlier_replies_until_this_one_shows() -> None:
+    """Catch-ups that served one model round each in the replies before are not spread over the
+    rest of a new reply either, before that reply has shown what its own catch-ups serve."""
+    from dataclasses import replace
+
+    from app.engine.auto import Outcome
+
+    costs = SyntheticCosts(base=0.1, slope=0.02, draft=0.03)
+    text = list(range(300, 400))
+    auto = AutoDrafter(SureDraft(pending=30), LookupDrafter(), n_max=6, costs=costs)  # type: ignore[arg-type]
+    auto.begin(text[:10])
+    auto._target_conf.extend([1.0] * 3)
+    first = auto.propose(text, 200, None, None)  # type: ignore[arg-type]
+    assert first.source == "model"
+    n = len(first.tokens)
+    for _ in range(3):  # three replies, each with three catch-ups that served one round each
+        auto.begin(text[:10])
+        for _ in range(3):
+            t_round = n * costs.draft + costs.verify(n + 1) + 0.5
+            prop = replace(first, n_sync=30, t_sync=0.5)
+            auto.observe(prop, Outcome("model", n, n, n + 1, costs.verify(n + 1), t_round))
+    auto.begin(text[:10])
+    auto._target_conf.extend([1.0] * 3)
+    assert not auto.propose(text, 200, None, None).tokens  # type: ignore[arg-type]
+
+
 def test_a_batch_size_timed_once_is_tried_again_when_nearly_the_best() -> None:
     """One slow timing at load must not keep a batch size out of plans for good."""
     costs = MeasuredCosts()
