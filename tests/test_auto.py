@@ -250,6 +250,23 @@ def test_probes_only_where_the_target_is_sure_enough_for_the_draft_to_pay() -> N
     assert auto._probe_due([], CPU_LIKE.draft_step(), 6)
 
 
+def test_a_probes_own_round_is_part_of_its_price() -> None:
+    """With the draft in step (no catch-up) a probe still drafts and verifies a batch that a class
+    whose drafts keep failing is expected to lose on: in the few tokens a short reply has left,
+    finding out cannot repay that; over a long rest it can."""
+    from app.engine.drafters import LookupDrafter
+
+    auto = AutoDrafter(StaleDraft(0), LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
+    auto._since_model = 10**6
+    auto._model_class = len(MODEL_CLASSES) - 1  # where a probe hopes for 98 %...
+    for _ in range(30):
+        auto.model_acc[-1].observe(2, 0, ())  # ...but this draft has been rejected at once lately
+    auto._rest = REPLY_MIN
+    assert not auto._probe_due([], CPU_LIKE.draft_step(), 6)
+    auto._rest = 2000
+    assert auto._probe_due([], CPU_LIKE.draft_step(), 6)
+
+
 def test_auto_probes_a_paused_draft_in_a_long_reply(tiny_pair) -> None:
     """Verify costs where a draft of the usual quality would pay (a batch of 4 costs 1.6 steps, a
     draft token 0.2), but this draft model has rarely helped lately: auto pauses it, then re-probes
