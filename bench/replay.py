@@ -110,6 +110,7 @@ class ReplayDraft:
         self.costs = costs
         self.p_min = 0.0
         self._reply: Reply | None = None
+        self._text: list[int] = []  # the text of the reply being replayed (or the last), as far as seen
         self._seen = 0  # tokens of the text in the draft's cache
 
     def start(self, reply: Reply) -> None:
@@ -118,7 +119,13 @@ class ReplayDraft:
         self._reply = reply
 
     def begin(self, prompt: Sequence[int], *, evaluate: bool = True) -> float:
-        self._seen = len(prompt) - 1 if evaluate else 0
+        """As :meth:`ModelDrafter.begin`: the cache keeps what this prompt shares with the last text
+        (a chat template's opening), and evaluates the rest now or (``evaluate=False``) lazily."""
+        from app.engine.drafters import common_prefix
+
+        kept = common_prefix(self._text[: self._seen], prompt)
+        self._seen = max(kept, len(prompt) - 1) if evaluate else kept
+        self._text = list(prompt)
         return 0.0  # prompt processing is not replayed
 
     def pending(self, tokens: Sequence[int]) -> int:
@@ -157,6 +164,7 @@ class ReplayDraft:
         while good < steps and ids[good] == r.tokens[pos + good]:
             good += 1
         self._seen = len(tokens) + good
+        self._text = [*tokens, *ids[:good]]
         t_steps = steps * STEP * self.costs.draft_batch(1)
         t = t_sync + t_steps + len(ids) * STEP * DRAFT_PYTHON
         return Proposal(
