@@ -420,6 +420,21 @@ def orders(replies: Sequence[Reply], n: int) -> list[list[Reply]]:
     return out
 
 
+def _costs(flag: str, text: str | None) -> list[float] | None:
+    """A comma-separated cost table given on the command line (checked before any model loads)."""
+    if not text:
+        return None
+    try:
+        values = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise SystemExit(f"{flag} takes numbers separated by commas, not {text!r}") from None
+    if any(v <= 0 for v in values):
+        raise SystemExit(f"{flag}: every cost must be above 0")
+    if flag == "--ratios" and values[0] != 1.0:
+        raise SystemExit("--ratios starts with a batch of 1, which costs 1")
+    return values
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.replay", description=__doc__)
     p.add_argument("results", type=Path, help="a JSON file written by tandem bench (with a plain mode)")
@@ -446,6 +461,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"cannot read benchmark results {args.results}: {e}") from None
     if args.orders < 1:
         raise SystemExit("--orders must be at least 1")
+    given = {
+        flag: _costs(flag, text)
+        for flag, text in (("--ratios", args.ratios), ("--draft-ratios", args.draft_ratios))
+    }
     target = args.target or settings["target"]
     draft = None if args.no_draft else args.draft or settings.get("draft")
     prompts = args.prompts or Path(settings["prompts"])
@@ -453,8 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     if not replies:
         raise SystemExit(f"{args.results} has no plain replies to replay")
     recorded = settings.get("verify_ratios")  # what the run's engine had measured when it ended
-    ratios = [float(x) for x in args.ratios.split(",")] if args.ratios else recorded or measured
-    draft_ratios = [float(x) for x in args.draft_ratios.split(",")] if args.draft_ratios else measured_draft
+    ratios = given["--ratios"] or recorded or measured
+    draft_ratios = given["--draft-ratios"] or measured_draft
     costs = TableCosts(ratios, draft_ratios if draft else None)
     max_tokens = int(settings.get("max_tokens", 96))
     rows: Table = {"auto (lookup)": [], "auto": [], "spec3": [], "spec5": [], "lookup bound": []}

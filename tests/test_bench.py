@@ -241,3 +241,7 @@ def test_replay_reads_a_bench_run_and_prints_its_table(tiny_pair, tmp_path, caps
     assert capsys.readouterr().out == again
     with pytest.raises(SystemExit, match="cannot read"):
         replay.main([str(tmp_path / "missing.json")])
+    with pytest.raises(SystemExit, match="numbers separated by commas"):
+        replay.main([str(tmp_path / "run.json"), "--draft-ratios", "0.3,fast"])
+    with pytest.raises(SystemExit, match="starts with a batch of 1"):
+        replay.main([str(tmp_path / "run.json"), "--ratios", "2,3"])
