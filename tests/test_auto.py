@@ -791,3 +791,38 @@ def test_a_copy_of_a_record_stops_where_the_record_broke_from_its_own_copy() -> 
         breaks.offer([0] * 8, Proposal((7,), (None,), (1.0,), "lookup", 0.0, origin=5))
         breaks.check([0] * 8 + [7])
     assert breaks.rate() > 0.8
+
+
+class EpycCpu(SyntheticCosts):
+    """Verify costs measured on a 2-core AMD EPYC (Qwen2.5 1.5B Q4_K_M): one step is fast, batches dear."""
+
+    RATIOS = (1, 1.73, 2.24, 2.9, 3.44, 3.97, 4.42, 4.88, 5.37, 5.61, 5.86, 6.1, 6.03, 5.95, 5.88, 5.8)
+
+    def verify(self, batch: int) -> float:
+        return 0.03 * self.RATIOS[min(batch, len(self.RATIOS)) - 1]
+
+
+def test_the_first_draft_of_a_class_of_copy_in_a_reply_is_short() -> None:
+    """A long match in a new reply is first drafted FIRST_LOOKUP tokens deep, whatever other replies
+    taught the class; once the target accepted that, the copy is drafted long."""
+    from app.engine.auto import FIRST_LOOKUP, Outcome
+
+    costs = EpycCpu(0.03, 0.0, 0.016)
+    source = list(range(100, 180))
+    prompt = [1, 2, *source, 3]
+    auto = AutoDrafter(None, LookupDrafter(), costs=costs)
+    for _ in range(2):  # the second reply starts with a pool that saw long copies accepted
+        auto.begin(prompt)
+        done = 12
+        first = auto.propose([*prompt, *source[:done]], 200, None, None)  # type: ignore[arg-type]
+        assert first.source == "lookup" and first.match >= LOOKUP_CLASSES[-1][0]
+        assert 1 <= len(first.tokens) <= FIRST_LOOKUP < LOOKUP_MAX
+        n = len(first.tokens)
+        auto.observe(first, Outcome("lookup", n, n, n + 1, costs.verify(n + 1), costs.verify(n + 1)))
+        done += n + 1
+        for _ in range(3):  # the copy goes on
+            prop = auto.propose([*prompt, *source[:done]], 200, None, None)  # type: ignore[arg-type]
+            n = len(prop.tokens)
+            auto.observe(prop, Outcome("lookup", n, n, n + 1, costs.verify(n + 1), costs.verify(n + 1)))
+            done += n + 1
+        assert n == LOOKUP_MAX
