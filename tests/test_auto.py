@@ -826,3 +826,42 @@ def test_the_first_draft_of_a_class_of_copy_in_a_reply_is_short() -> None:
             auto.observe(prop, Outcome("lookup", n, n, n + 1, costs.verify(n + 1), costs.verify(n + 1)))
             done += n + 1
         assert n == LOOKUP_MAX
+
+
+def test_a_draft_model_that_could_not_pay_even_if_always_right_is_neither_planned_nor_probed() -> None:
+    """The shortcut for a machine where the draft model never pays: when even a draft that is always
+    right, with nothing to catch up, would not beat plain decoding, no plan and no probe could choose
+    it, so neither is computed. Checked against both over a grid of costs and overruns."""
+    gated = open_ = 0
+    for slope in (0.002, 0.01, 0.02, 0.03, 0.05):
+        for draft in (0.001, 0.004, 0.01, 0.02):
+            for overrun in (None, 0.8, 1.0, 1.5):
+                costs = SyntheticCosts(base=0.03, slope=slope, draft=draft)
+                auto = AutoDrafter(StaleDraft(0), LookupDrafter(), n_max=6, costs=costs)  # type: ignore[arg-type]
+                for _ in range(3 if overrun else 0):
+                    auto._overrun.add(overrun)
+                auto._since_model, auto._rest = 10**6, 10**6
+                for c in range(len(MODEL_CLASSES)):
+                    auto._model_class = c
+                    if not auto._model_cannot_pay(draft, 6):
+                        open_ += 1
+                        continue
+                    gated += 1
+                    assert not auto._probe_due([], draft, 6)
+                    scale = auto._model_overrun()
+                    for p in (0.9, 0.99, 0.999):
+                        acc = Acceptance(6, prior=p, weight=1e12)
+                        assert best_length(acc, costs, draft, 6, auto.margin, 0.0, scale).k == 0
+    assert gated and open_  # the grid has both kinds of machine
+
+    sure_but_dear = AutoDrafter(SureDraft(), LookupDrafter(), n_max=6, costs=EXPENSIVE)  # type: ignore[arg-type]
+    text = list(range(200, 260))  # no n-gram repeats: only the draft model could draft
+    sure_but_dear.begin(text)
+    from app.engine.auto import Outcome
+    from app.engine.drafters import EMPTY
+
+    for i in range(300):
+        sure_but_dear.observe(EMPTY, Outcome("none", 0, 0, 1, 0.1, 0.1, confidence=(1.0,)))
+        prop = sure_but_dear.propose([*text, *range(300, 300 + i)], 6, None, None)  # type: ignore[arg-type]
+        assert not prop.tokens and prop.reason in (PAUSED, "measuring plain decoding")
+    assert sure_but_dear.model.asked == []  # type: ignore[union-attr]

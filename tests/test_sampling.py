@@ -162,3 +162,31 @@ def test_sample_follows_distribution() -> None:
 def test_bad_sampling_settings_are_rejected(kwargs: dict) -> None:
     with pytest.raises(SamplingError):
         SamplingParams(**kwargs)
+
+
+def test_top_probability_is_exact_at_or_above_its_floor_and_a_bound_below_it() -> None:
+    """Auto mode only compares the target's confidence with thresholds of at least 0.9: below the
+    floor an upper bound from the two largest logits is enough (and still below the floor)."""
+    from app.engine.sampling import top_probability
+
+    rng = np.random.default_rng(3)
+    seen_below = seen_above = 0
+    for spread in (0.5, 2.0, 4.0, 8.0, 12.0):
+        for _ in range(40):
+            x = (rng.standard_normal(5000) * spread).astype(np.float32)
+            exact = float(1.0 / np.exp(x.astype(np.float64) - x.max()).sum())
+            assert top_probability(x) == pytest.approx(exact, rel=1e-5)
+            floored = top_probability(x, 0.9)
+            if exact >= 0.9:
+                seen_above += 1
+                assert floored == pytest.approx(exact, rel=1e-5)
+            else:
+                seen_below += 1
+                assert exact * (1 - 1e-5) <= floored < 0.9 or floored == pytest.approx(exact, rel=1e-5)
+    assert seen_below and seen_above  # both branches were tried
+    one_hot = np.full(10, -50.0, dtype=np.float32)
+    one_hot[0] = 50.0  # the largest logit first, or last: the bound looks on both sides
+    assert top_probability(one_hot, 0.9) == pytest.approx(1.0)
+    assert top_probability(one_hot[::-1].copy(), 0.9) == pytest.approx(1.0)
+    tie = np.zeros(4, dtype=np.float32)
+    assert top_probability(tie, 0.9) == pytest.approx(0.5)  # two equal largest: at most one half

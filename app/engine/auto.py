@@ -71,6 +71,11 @@ RELAX_EVERY = 8  # rounds between two fadings (by RELAX to that power)
 # accepted 74 % below 0.5, 84-88 % from 0.5 to 0.95, 92 % from 0.95 and 99 % from 0.99.
 MODEL_CLASSES = ((0.0, 0.75), (0.9, 0.88), (0.99, 0.97))
 CONFIDENCE_WINDOW = 3  # target tokens the class looks back over
+# Below the lowest class threshold how sure the target was does not matter: the loop may report an
+# upper bound from its two largest logits instead (no pass of exp over the vocabulary). In chat
+# replies on an AMD EPYC half the target's tokens were below it, and took 65-75 us instead of 185
+# (right after a decode Python runs on cold caches: the weights streamed through them).
+CONFIDENCE_FLOOR = min(c for c, _ in MODEL_CLASSES if c > 0)
 # A batch size whose cost rests on fewer than EXPLORE_SAMPLES timings (one at load, or none:
 # interpolated) is planned EXPLORE cheaper, so a size that one slow timing made look dear is tried
 # and measured when it is nearly the best choice. Without it a batch of 4 timed slow once at load
@@ -457,6 +462,16 @@ class _AtBreaks:
         return self.acc.overall()
 
 
+class _Always:
+    """The acceptance of a draft that is always right: a bound on what any draft can deliver."""
+
+    def alpha(self, i: int) -> float:
+        return 1.0
+
+
+ALWAYS = _Always()
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     k: int
@@ -465,7 +480,7 @@ class Plan:
 
 
 def best_length(
-    acc: Acceptance | ReplyAcceptance | _AtBreaks,
+    acc: Acceptance | ReplyAcceptance | _AtBreaks | _Always,
     costs: CostModel,
     draft_cost: float,
     limit: int,
@@ -542,6 +557,7 @@ class AutoDrafter:
     name = "auto"
     # the speculative loop reports the target's confidence in this many of each round's last tokens
     wants_target_confidence = CONFIDENCE_WINDOW
+    target_confidence_floor = CONFIDENCE_FLOOR  # exact at or above it; below it, an upper bound
 
     def __init__(
         self,
@@ -749,13 +765,16 @@ class AutoDrafter:
         if d is None or self.costs.verify(2) is None:
             plan = Plan(min(2, limit), 0.0, 0.0) if self.costs.verify(1) is not None else Plan(0, 0.0, 0.0)
             reason = "measuring the draft model" if plan.k else "measuring plain decoding"
+        elif self._model_cannot_pay(d, limit):
+            return Proposal((), (), (), "none", time.perf_counter() - t0, reason=PAUSED, planned=0)
         else:
             plan = best_length(
                 acc, self.costs, d, limit, self.margin, self._catch_up(tokens, d), self._model_overrun()
             )
             sure = min(self._target_conf, default=0.0)
+            how_sure = f"{sure:.0%}" if sure >= CONFIDENCE_FLOOR else f"under {CONFIDENCE_FLOOR:.0%}"
             reason = (
-                f"draft model: target {sure:.0%} sure, {acc.overall():.0%} acceptance, "
+                f"draft model: target {how_sure} sure, {acc.overall():.0%} acceptance, "
                 f"{plan.rate / plan.plain_rate:.2f}x expected"
             )
             if plan.k > 0 and self._losing(f"model{c}"):
@@ -773,6 +792,17 @@ class AutoDrafter:
         room = plan.k if self._probing else limit
         prop = self.model.propose(tokens, room, params, rng, keep_going=self._continue_rule(acc, room))
         return replace(prop, planned=plan.k, reason=reason, t=time.perf_counter() - t0)
+
+    def _model_cannot_pay(self, draft_cost: float, limit: int) -> bool:
+        """Even a draft that is always right, with nothing to catch up, would not beat plain decoding.
+
+        Then there is nothing to plan or probe: a plan (acceptance at most 1, a catch-up at least 0,
+        its round's cost scaled by the overrun) and a probe's hope (at most ``optimistic``, unscaled)
+        are bounded by this one, so the answer is the same, for a third of the Python per round (on
+        a CPU where the draft model never pays, most rounds ask it).
+        """
+        scale = min(1.0, self._model_overrun())
+        return best_length(ALWAYS, self.costs, draft_cost, limit, self.margin, scale=scale).k == 0
 
     def _lookup_class(self, match: int, diagonal: int) -> int:
         """The class of a lookup draft copied after a ``match``-token match on this ``diagonal``."""

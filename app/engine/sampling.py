@@ -72,17 +72,32 @@ def greedy_token(logits: np.ndarray, history: Sequence[int], params: SamplingPar
 _scratch = threading.local()
 
 
-def top_probability(logits: np.ndarray) -> float:
+def top_probability(logits: np.ndarray, floor: float = 0.0) -> float:
     """The largest softmax probability of raw ``logits`` (the draft's confidence in greedy mode).
+
+    With a ``floor``, a probability below it comes back as an upper bound on it (still below
+    ``floor``) taken from the two largest logits, ``1 / (1 + exp(second - top))``: enough for a
+    caller that only compares the result with thresholds at or above ``floor``, and about a quarter
+    of the work (no pass of ``exp`` over the vocabulary).
 
     Auto mode asks this of every token the target decodes, so it works in a per-thread buffer: a
     fresh 600 kB array per call (a 150k vocabulary) costs page faults that doubled its time.
     """
     x = np.asarray(logits, dtype=np.float32)
+    if floor > 0.0:
+        i = int(x.argmax())
+        top = float(x[i])
+        second = max(float(x[:i].max(initial=-np.inf)), float(x[i + 1 :].max(initial=-np.inf)))
+        bound = 1.0 / (1.0 + math.exp(min(second - top, 0.0)))
+        if bound < floor:
+            return bound
+        m = x.dtype.type(top)
+    else:
+        m = x.max()
     buf = getattr(_scratch, "buf", None)
     if buf is None or buf.shape != x.shape:
         buf = _scratch.buf = np.empty_like(x)
-    np.subtract(x, x.max(), out=buf)
+    np.subtract(x, m, out=buf)
     np.exp(buf, out=buf)
     return float(1.0 / buf.sum())
 

@@ -159,9 +159,10 @@ def generate(
             if drafter is not None and hasattr(drafter, "observe"):
                 # how sure the target was of the last tokens it added (row j chose new[j])
                 want = getattr(drafter, "wants_target_confidence", 0)
+                floor = getattr(drafter, "target_confidence_floor", 0.0)
                 last = new[-want:] if want else []
                 sure = tuple(
-                    sampling.top_probability(target.ctx.logits(j))
+                    sampling.top_probability(target.ctx.logits(j), floor)
                     for j in range(len(new) - len(last), len(new))
                 )
                 drafter.observe(
