@@ -77,8 +77,8 @@ def top_probability(logits: np.ndarray, floor: float = 0.0) -> float:
 
     With a ``floor``, a probability below it comes back as an upper bound on it (still below
     ``floor``) taken from the two largest logits, ``1 / (1 + exp(second - top))``: enough for a
-    caller that only compares the result with thresholds at or above ``floor``, and about a quarter
-    of the work (no pass of ``exp`` over the vocabulary).
+    caller that only compares the result with thresholds at or above ``floor``, and no pass of
+    ``exp`` over the vocabulary (right after a decode: 65-75 us instead of 185 on an AMD EPYC).
 
     Auto mode asks this of every token the target decodes, so it works in a per-thread buffer: a
     fresh 600 kB array per call (a 150k vocabulary) costs page faults that doubled its time.
