@@ -865,3 +865,52 @@ def test_a_draft_model_that_could_not_pay_even_if_always_right_is_neither_planne
         prop = sure_but_dear.propose([*text, *range(300, 300 + i)], 6, None, None)  # type: ignore[arg-type]
         assert not prop.tokens and prop.reason in (PAUSED, "measuring plain decoding")
     assert sure_but_dear.model.asked == []  # type: ignore[union-attr]
+
+
+class SlowBatchCpu(SyntheticCosts):
+    """Verify costs the engine measured on the AMD EPYC in one run: batches of 2-4 dearer still."""
+
+    RATIOS = (1, 1.9, 2.67, 3.1, 3.85, 4.25, 4.74, 5.22, 5.2, 5.35, 5.5, 5.65, 5.97, 6.3, 6.62, 5.24)
+
+    def verify(self, batch: int) -> float:
+        return 0.03 * self.RATIOS[min(batch, len(self.RATIOS)) - 1]
+
+
+def decode_teacher_forced(auto: AutoDrafter, prompt: list[int], reply: list[int], costs) -> list[Proposal]:
+    """Run ``reply`` through auto's rounds as greedy verification would accept it; the drafts."""
+    from app.engine.auto import Outcome
+
+    auto.begin(prompt)
+    drafts, done = [], 0
+    while done < len(reply):
+        prop = auto.propose([*prompt, *reply[:done]], len(reply) - done, None, None)  # type: ignore[arg-type]
+        n = len(prop.tokens)
+        ok = common_prefix(prop.tokens, reply[done : done + n])
+        t = costs.verify(n + 1)
+        auto.observe(prop, Outcome(prop.source if n else "none", n, ok, n + 1, t, t))
+        if n:
+            drafts.append(prop)
+        done += ok + 1
+    return drafts
+
+
+def test_copies_offered_but_not_drafted_are_followed_as_evidence(monkeypatch) -> None:
+    """Where short matches do not pay by their class's prior, a reply of records copies each earlier
+    record undrafted. Each copy offered and not drafted is checked against the text that followed (at
+    temperature 0, exactly what verifying it would have accepted), so the reply learns that its
+    copies hold, and drafts the later records' copies."""
+    costs = SlowBatchCpu(0.03, 0.0, 0.016)
+    keys = [10, 11, 12, 13, 14, 15, 16, 17]
+
+    def record(i: int) -> list[int]:
+        return [20 + i, 21 + i, *keys]  # two new tokens, then the keys again
+
+    prompt = [1, 2, 3, 4]
+    reply = [t for i in range(12) for t in record(3 * i)]
+
+    drafts = decode_teacher_forced(AutoDrafter(None, LookupDrafter(), costs=costs), prompt, reply, costs)
+    assert drafts and all(p.source == "lookup" for p in drafts)
+    assert sum(len(p.tokens) for p in drafts) >= 3 * len(keys)  # later records' keys are drafted
+    monkeypatch.setattr(AutoDrafter, "_follow_undrafted", lambda self, tokens, end=False: None)
+    blind = decode_teacher_forced(AutoDrafter(None, LookupDrafter(), costs=costs), prompt, reply, costs)
+    assert not blind, "without following undrafted copies, the prior alone never drafts them"
