@@ -94,6 +94,7 @@ class Reply:
     # the draft model's greedy token and its probability at each position, given the reply before it
     draft: tuple[int, ...] = ()
     draft_confidence: tuple[float, ...] = ()
+    stops: frozenset[int] = frozenset()  # the target's control tokens (a lookup copy ends before one)
 
 
 class ReplayDraft:
@@ -233,7 +234,7 @@ def replay_auto_replies(
     from app.engine.sampling import SamplingParams
 
     draft = ReplayDraft(costs) if model else None
-    auto = AutoDrafter(draft, LookupDrafter(), costs=costs)
+    auto = AutoDrafter(draft, LookupDrafter(stops=replies[0].stops if replies else ()), costs=costs)
     params = SamplingParams()
 
     def begin(r: Reply) -> None:
@@ -318,7 +319,16 @@ def load_replies(
             conf = found[0][1]
             guess, guess_conf = found[1] if len(found) > 1 else ([], [])
             replies.append(
-                Reply(run["id"], run["category"], ids, tokens, conf, tuple(guess), tuple(guess_conf))
+                Reply(
+                    run["id"],
+                    run["category"],
+                    ids,
+                    tokens,
+                    conf,
+                    tuple(guess),
+                    tuple(guess_conf),
+                    engine.target.control_tokens,
+                )
             )
     return replies, ratios, draft_ratios
 

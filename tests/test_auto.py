@@ -117,6 +117,76 @@ def test_lookup_reports_the_longest_recent_match() -> None:
     assert short.match == 2 and short.tokens == (7, 7)
 
 
+def test_lookup_prefers_the_match_nearest_the_copy_in_progress() -> None:
+    """Of equally long matches, the one on the diagonal of the copy in progress: text the reply
+    inserted into its copy (type hints) shifts it, and the source repeats the same words elsewhere."""
+    prompt = [10, 11, 12, 13, 14, 20, 21, 30, 31, 32, 33, 20, 21, 40, 41]
+    lk = LookupDrafter()
+    lk.begin(prompt)
+    reply = [10, 11, 12, 13, 14, 99, 20, 21]  # copies the start, inserts 99, goes on
+    for n in range(2, len(reply)):
+        lk.propose([*prompt, *reply[:n]], 4, None, None)  # type: ignore[arg-type]
+    prop = lk.propose([*prompt, *reply], 2, None, None)  # type: ignore[arg-type]
+    assert prop.match == 2 and prop.tokens == (30, 31)  # not the later "20 21 40 41"
+    fresh = LookupDrafter()  # with no copy in progress, the most recent occurrence
+    fresh.begin([*prompt, *reply])
+    assert fresh.propose([*prompt, *reply], 2, None, None).tokens == (40, 41)  # type: ignore[arg-type]
+
+
+def test_lookup_makes_a_rename_the_reply_made_twice() -> None:
+    """A reply that renames a token of the text it copies: after two renamed occurrences (each where
+    the copy resumed after it), copies are offered renamed and renamed text is looked up as it was;
+    where the copy keeps the old token, the rename is dropped."""
+    from app.engine.drafters import EDIT_SEEN
+
+    old, new = 50, 60
+    source = [1, 2, old, 3, 4, 5, 6, old, 7, 8, 9, 10, old, 11, 12, 13, 14, old, 15, 16, 17, 18]
+    prompt = [90, 91, *source, 92]
+    reply = [new if t == old else t for t in source]
+    first, second, third = [i for i, t in enumerate(source) if t == old][:3]
+
+    def offers(lk: LookupDrafter, text: list[int], start: int) -> list[tuple[int, ...]]:
+        """What ``lk`` offers after each of ``text[:start]``, ``text[:start + 1]``, ..."""
+        ends = range(start, len(text) + 1)
+        return [lk.propose([*prompt, *text[:n]], 15, None, None).tokens for n in ends]  # type: ignore[arg-type]
+
+    lk = LookupDrafter()
+    lk.begin(prompt)
+    offered = offers(lk, reply, 0)  # offered[n]: after the reply's first n tokens
+    assert EDIT_SEEN == 2 and lk.replaced == {old: new}
+    assert offered[first][0] == offered[second][0] == old  # renamed at most once: as the text stood
+    assert offered[third][:2] == (new, 11)  # renamed twice: the third occurrence is offered renamed
+    assert offered[third + 1][:3] == (11, 12, 13)  # the context ends "10 60": looked up as "10 50"
+    # the reply keeps the old token where the copy resumes: the rename is dropped
+    kept = [*reply, 99, 3, 4, 5, old, 7, 8, 9]
+    offers(lk, kept, len(reply) + 1)
+    assert lk.replaced == {}
+
+
+def test_a_lookup_copy_ends_before_a_control_token() -> None:
+    """The text a copy comes from may run on into the chat template (the end of the user's turn, the
+    assistant's header), which a reply never writes as text: the copy ends before it."""
+    end_turn, start_turn = 900, 901
+    prompt = [start_turn, 5, 1, 2, 3, 4, end_turn, start_turn, 6]
+    lk = LookupDrafter(stops={end_turn, start_turn})
+    lk.begin(prompt)
+    assert lk.propose([*prompt, 1, 2], 8, None, None).tokens == (3, 4)  # type: ignore[arg-type]
+    assert lk.propose([*prompt, 1, 2, 3, 4], 8, None, None).tokens == ()  # type: ignore[arg-type]
+    unaware = LookupDrafter()
+    unaware.begin(prompt)
+    assert unaware.propose([*prompt, 1, 2], 8, None, None).tokens[:3] == (3, 4, end_turn)  # type: ignore[arg-type]
+
+
+def test_the_engines_lookup_drafters_stop_at_the_models_control_tokens(tiny_pair) -> None:
+    from app.tiny_gguf import SPECIAL_TOKENS
+
+    with Engine(LoadSettings(str(tiny_pair.target), n_ctx=512), costs=GPU_LIKE) as eng:
+        control = eng.target.control_tokens
+        assert {eng.target.token_text(t) for t in control} == set(SPECIAL_TOKENS)
+        assert eng._drafter(GenerationSettings(mode="lookup")).stops == control
+        assert eng._drafter(GenerationSettings(mode="auto")).lookup.stops == control
+
+
 def test_long_lookup_matches_draft_longer_than_short_ones() -> None:
     """A short n-gram match is often a coincidence; a long one is a copy in progress."""
     cpu = SyntheticCosts(base=0.100, slope=0.04, draft=0.05)

@@ -173,11 +173,14 @@ class Engine:
         if gs.mode == "plain":
             return None
         if gs.mode == "lookup":
-            return LookupDrafter()
+            return LookupDrafter(stops=self.target.control_tokens)
         if gs.mode == "auto":
             if gs.n_max not in self._auto:
                 self._auto[gs.n_max] = AutoDrafter(
-                    self._model_drafter, LookupDrafter(), n_max=gs.n_max, costs=self.costs
+                    self._model_drafter,
+                    LookupDrafter(stops=self.target.control_tokens),
+                    n_max=gs.n_max,
+                    costs=self.costs,
                 )
             if self._model_drafter is not None:
                 self._model_drafter.p_min = gs.p_min

@@ -259,8 +259,13 @@ class Model:
         self.add_eos: bool = bool(llama_cpp.llama_vocab_get_add_eos(self._vocab))
         self.vocab_type: int = llama_cpp.llama_vocab_type(self._vocab)
         self._eog = np.zeros(self.n_vocab, dtype=bool)
+        control = []
         for t in range(self.n_vocab):
             self._eog[t] = llama_cpp.llama_vocab_is_eog(self._vocab, t)
+            if llama_cpp.llama_vocab_is_control(self._vocab, t):
+                control.append(t)
+        # tokens of the chat template and the end of a turn, never text a reply copies
+        self.control_tokens: frozenset[int] = frozenset(control)
         self._pieces: dict[tuple[int, bool], bytes] = {}
         self.offload = self._offload_report(int(n_gpu_layers), captured)
 
