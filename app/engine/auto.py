@@ -824,11 +824,7 @@ class AutoDrafter:
         drafted = held if held == n and end else n
         if drafted == 0:
             return
-        key = ("lookup", c, sure)
-        est = self._reply.get(key)
-        if est is None:
-            est = self._reply[key] = ReplyAcceptance(self.lookup_acc[c][sure], copies=True)
-        est.observe(drafted, held)
+        self._estimate("lookup", c, sure).observe(drafted, held)
         if held:
             self._copy_diagonal = diagonal  # a copy in progress: a short match after an edit resumes it
 
@@ -850,12 +846,14 @@ class AutoDrafter:
             return RESUME
         return lookup_class(match)
 
-    def _estimate(self, source: str, c: int) -> ReplyAcceptance:
-        """Acceptance in this reply for a class of ``source`` ("lookup": also by the target's sureness)."""
-        key = (source, c, self._sure if source == "lookup" else 0)
+    def _estimate(self, source: str, c: int, sure: int | None = None) -> ReplyAcceptance:
+        """Acceptance in this reply for a class of ``source`` ("lookup": also by the target's sureness,
+        this round's unless ``sure`` is given)."""
+        sure = (self._sure if sure is None else sure) if source == "lookup" else 0
+        key = (source, c, sure)
         est = self._reply.get(key)
         if est is None:
-            pooled = self.lookup_acc[c][self._sure] if source == "lookup" else self.model_acc[c]
+            pooled = self.lookup_acc[c][sure] if source == "lookup" else self.model_acc[c]
             est = self._reply[key] = ReplyAcceptance(pooled, copies=source == "lookup")
         return est
 
