@@ -14,6 +14,7 @@ from app.engine.auto import (
     AutoDrafter,
     MeasuredCosts,
     best_length,
+    is_paused,
     lookup_class,
     model_class,
 )
@@ -264,7 +265,7 @@ def test_auto_with_cheap_verify_drafts_with_the_model(engines) -> None:
 def test_auto_with_expensive_verify_pauses_drafting_and_says_why(engines) -> None:
     _, dear = engines
     st = [s for p in PROMPTS for s in steps(dear, p, n_max=6)]
-    paused = [s for s in st if s.reason == PAUSED]
+    paused = [s for s in st if is_paused(s.reason)]
     assert paused and all(s.k == 0 and s.n_drafted == 0 for s in paused)
     # verifying b tokens costs b plain steps: the model cannot pay even at 98% acceptance, so it is
     # never run (not even to probe)
@@ -350,7 +351,7 @@ def test_auto_probes_a_paused_draft_in_a_long_reply(tiny_pair) -> None:
                 acc.observe(6, 0, ())  # rejected at once, again and again
         st = steps(eng, PROMPTS[1], n_max=6, max_tokens=400)
     probes = [s for s in st if "probing" in s.reason]
-    assert any(s.reason == PAUSED for s in st)
+    assert any(is_paused(s.reason) for s in st)
     assert probes and all(s.n_drafted <= 2 for s in probes)
 
 
@@ -612,7 +613,7 @@ def test_auto_drafts_with_the_model_only_where_the_target_is_sure() -> None:
     auto.begin(text)
     auto.observe(EMPTY, Outcome("none", 0, 0, 1, 0.1, 0.1, confidence=(0.6,)))
     hesitant = auto.propose(text, 6, None, None)  # type: ignore[arg-type]
-    assert not hesitant.tokens and hesitant.reason == PAUSED
+    assert not hesitant.tokens and hesitant.reason == PAUSED  # no match to name
     for _ in range(3):
         auto.observe(EMPTY, Outcome("none", 0, 0, 1, 0.1, 0.1, confidence=(1.0,)))
     sure = auto.propose(text, 6, None, None)  # type: ignore[arg-type]
@@ -935,6 +936,28 @@ def test_a_draft_model_that_could_not_pay_even_if_always_right_is_neither_planne
         prop = sure_but_dear.propose([*text, *range(300, 300 + i)], 6, None, None)  # type: ignore[arg-type]
         assert not prop.tokens and prop.reason in (PAUSED, "measuring plain decoding")
     assert sure_but_dear.model.asked == []  # type: ignore[union-attr]
+
+
+def test_a_declined_lookup_match_is_named_in_the_reason() -> None:
+    """A round that drafts nothing says why, and names the prompt lookup match it did not draft (the
+    app shows it next to "drafting paused")."""
+    from app.engine.auto import Outcome
+    from app.engine.drafters import EMPTY
+
+    text = [*range(200, 260), 230, 231]  # ends with a 2-token match: a coincidence as often as not
+    for model, costs in ((None, EXPENSIVE), (SureDraft(), EXPENSIVE)):
+        auto = AutoDrafter(model, LookupDrafter(), n_max=6, costs=costs)  # type: ignore[arg-type]
+        auto.begin(text[:60])
+        auto.observe(EMPTY, Outcome("none", 0, 0, 1, 0.1, 0.1, confidence=(1.0,)))
+        prop = auto.propose(text, 6, None, None)  # type: ignore[arg-type]
+        assert not prop.tokens
+        named = "prompt lookup: a 2-token match, too likely to break to pay"
+        if model is None:
+            assert prop.reason == named
+        else:
+            assert is_paused(prop.reason) and prop.reason == f"{PAUSED}; {named}"
+        no_match = auto.propose(list(range(300, 360)), 6, None, None)  # type: ignore[arg-type]
+        assert no_match.reason == ("no n-gram match" if model is None else PAUSED)
 
 
 class SlowBatchCpu(SyntheticCosts):

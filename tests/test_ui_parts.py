@@ -165,6 +165,23 @@ def test_meter_figures_and_draft_spans() -> None:
     assert rolling.acceptance() == 0.75
 
 
+def test_status_names_a_declined_lookup_match_while_paused() -> None:
+    from app.ui.gauges import GaugesPanel
+
+    m = ReplyMeter(t_sent=0.0)
+    m.add(step("x", (False,), k=0, reason=PAUSED), now=0.1)
+    assert m.paused
+    assert GaugesPanel._status_text(m, "CPU", "auto") == (
+        "Drafting paused: verifying costs more than it saves on this CPU."
+    )
+    declined = "prompt lookup: a 2-token match, too likely to break to pay"
+    m.add(step("y", (False,), k=0, reason=f"{PAUSED}; {declined}"), now=0.2)
+    assert m.paused
+    assert GaugesPanel._status_text(m, "CPU", "auto") == (
+        f"Drafting paused: verifying costs more than it saves on this CPU ({declined})."
+    )
+
+
 def test_plain_cost_needs_plain_rounds() -> None:
     pc = PlainCost()
     pc.observe([step("a", (True, False), 0.05)])

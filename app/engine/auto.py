@@ -40,6 +40,12 @@ from app.engine.sampling import SamplingParams
 
 PAUSED = "drafting paused: verifying costs more than it saves on this machine"
 
+
+def is_paused(reason: str) -> bool:
+    """A round's reason says auto mode paused drafting (it may go on to say what prompt lookup found)."""
+    return reason.startswith(PAUSED)
+
+
 # Prompt lookup: (shortest match length, prior acceptance where the target has been sure of the last
 # tokens, and where it has not) of each class of match. A short match is often a coincidence; a long
 # one is a copy of the input in progress. Each prior is (first token, each later token given the ones
@@ -134,6 +140,10 @@ TOKENS_PER_ROUND = 3.0  # about what a drafted round delivers, for counting roun
 # ended before recovering (0.94x of plain decoding over five runs, 0.98-1.05x where it drafted
 # nothing), and a long chat reply under a budget of thousands of tokens would probe at any lag.
 REPLY_MIN = 16
+
+
+def _also(reason: str, declined: str) -> str:
+    return f"{reason}; {declined}" if declined else reason
 
 
 def lookup_class(match: int) -> int:
@@ -733,6 +743,7 @@ class AutoDrafter:
         if self._undrafted is not None:
             self._follow_undrafted(tokens)
         found = self.lookup.propose(tokens, min(k, self.lookup_max), params, rng)
+        declined = ""  # a match prompt lookup found and auto did not draft, named in the reason
         if found.tokens:
             diagonal = len(tokens) - found.origin
             c = self._lookup_class(found.match, diagonal)
@@ -742,7 +753,8 @@ class AutoDrafter:
             view = _AtBreaks(acc, at_breaks, self._breaks.rate()) if at_breaks else acc
             room = len(found.tokens) if acc.trials[0] else min(len(found.tokens), FIRST_LOOKUP)
             plan = best_length(view, self.costs, 0.0, room, self.margin)
-            if plan.k > 0 and self._losing(f"lookup{c}"):  # try again only now and then, with back-off
+            losing = plan.k > 0 and self._losing(f"lookup{c}")
+            if losing:  # try again only now and then, with back-off
                 self._lookup_skip[c] += 1
                 if self._lookup_skip[c] < self._lookup_every[c]:
                     plan = Plan(0, plan.rate, plan.plain_rate)
@@ -751,8 +763,13 @@ class AutoDrafter:
                     self._lookup_every[c] = min(64, self._lookup_every[c] * 2)
             elif plan.k > 0:
                 self._lookup_every[c] = 1
-            if plan.k == 0 and self._undrafted is None:
-                self._undrafted = (c, self._sure, diagonal, len(tokens), found.tokens)
+            if plan.k == 0:
+                declined = (
+                    f"prompt lookup: a {found.match}-token match, "
+                    f"{'losing lately' if losing else 'too likely to break to pay'}"
+                )
+                if self._undrafted is None:
+                    self._undrafted = (c, self._sure, diagonal, len(tokens), found.tokens)
             if plan.k > 0:
                 n = plan.k
                 if self._undrafted is not None:
@@ -771,7 +788,8 @@ class AutoDrafter:
                     t=time.perf_counter() - t0,
                 )
         if self.model is None:
-            return Proposal((), (), (), "none", time.perf_counter() - t0, reason="no n-gram match", planned=0)
+            reason = declined or "no n-gram match"
+            return Proposal((), (), (), "none", time.perf_counter() - t0, reason=reason, planned=0)
         d = self.costs.draft_step()
         self._since_model += 1
         self._copy_share *= 0.9
@@ -783,7 +801,8 @@ class AutoDrafter:
             plan = Plan(min(2, limit), 0.0, 0.0) if self.costs.verify(1) is not None else Plan(0, 0.0, 0.0)
             reason = "measuring the draft model" if plan.k else "measuring plain decoding"
         elif self._model_cannot_pay(d, limit):
-            return Proposal((), (), (), "none", time.perf_counter() - t0, reason=PAUSED, planned=0)
+            reason = _also(PAUSED, declined)
+            return Proposal((), (), (), "none", time.perf_counter() - t0, reason=reason, planned=0)
         else:
             plan = best_length(
                 acc, self.costs, d, limit, self.margin, self._catch_up(tokens, d), self._model_overrun()
@@ -798,11 +817,13 @@ class AutoDrafter:
                 plan = Plan(0, plan.rate, plan.plain_rate)
             if plan.k == 0:
                 if not self._probe_due(tokens, d, limit):
-                    return Proposal((), (), (), "none", time.perf_counter() - t0, reason=PAUSED, planned=0)
+                    reason = _also(PAUSED, declined)
+                    return Proposal((), (), (), "none", time.perf_counter() - t0, reason=reason, planned=0)
                 plan = Plan(min(PROBE_K, limit), 0.0, plan.plain_rate)
                 reason = "probing: re-measuring whether drafting pays"
                 self._probing = True
         if plan.k == 0:
+            reason = _also(reason, declined)
             return Proposal((), (), (), "none", time.perf_counter() - t0, reason=reason, planned=0)
         self._since_model = 0
         # a probe stays short; a real round drafts on while the draft's confidence says it pays

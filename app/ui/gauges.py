@@ -192,7 +192,9 @@ class GaugesPanel(QFrame):
     def _status_text(meter: ReplyMeter, backend: str, mode: str) -> str:
         if meter.paused:
             where = f"this {backend}" if backend else "this machine"
-            return "Drafting paused: " + PAUSED.split(": ", 1)[1].replace("this machine", where)
+            text = "Drafting paused: " + PAUSED.split(": ", 1)[1].replace("this machine", where)
+            _, _, lookup = meter.last_reason.partition("; ")  # what prompt lookup found, if anything
+            return f"{text} ({lookup})." if lookup else text + "."
         if not meter.rounds:
             return ""
         if mode == "plain":

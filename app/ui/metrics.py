@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from app.engine.auto import PAUSED
+from app.engine.auto import is_paused
 from app.engine.events import Finished, Started, Step
 
 RATE_WINDOW = 8  # rounds in the moving window of the tokens/s plot
@@ -139,7 +139,7 @@ class ReplyMeter:
 
     @property
     def paused(self) -> bool:
-        return self.last_reason == PAUSED
+        return is_paused(self.last_reason)
 
     def to_stats(self) -> dict:
         """What is saved with the message (the engine's Stats plus what the UI measured)."""
