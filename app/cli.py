@@ -206,7 +206,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from app.engine.gguf_meta import GGUFError
+    from app.gguf.meta import GGUFError
     from models_registry.cli import check_refs
     from models_registry.hub import HubError
 

@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from app.engine.compat import Compatibility, check_compatible
-from app.engine.gguf_meta import GGUFMetadata, read_metadata_file
+from app.gguf.compat import Compatibility, check_compatible
+from app.gguf.meta import GGUFMetadata, read_metadata_file
 
 from . import fit as fitmod
 from .catalog import CatalogError, default_catalog

@@ -1,7 +1,7 @@
 """Read a remote GGUF's header over HTTP Range requests and check pairs before downloading anything big.
 
 `RangeReader` is a file-like object (``read``/``tell``/``seek``) over one Hub file that fetches
-1-8 MiB ranges on demand; `app.engine.gguf_meta.read_metadata` parses it as it would a local file and
+1-8 MiB ranges on demand; `app.gguf.meta.read_metadata` parses it as it would a local file and
 stops after the key/value section, so only the first megabytes (the tokenizer is most of them) travel.
 """
 
@@ -17,8 +17,8 @@ import httpx2
 from huggingface_hub.errors import HfHubHTTPError
 from huggingface_hub.utils import get_session, hf_raise_for_status
 
-from app.engine.compat import Compatibility, check_compatible
-from app.engine.gguf_meta import GGUFMetadata, read_metadata, read_metadata_file
+from app.gguf.compat import Compatibility, check_compatible
+from app.gguf.meta import GGUFMetadata, read_metadata, read_metadata_file
 
 from .catalog import CatalogError, validate_filename, validate_repo_id
 from .hub import RemoteFileInfo, RetryPolicy, TransferError, _explain, _has_token, resolve_file

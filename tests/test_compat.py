@@ -1,4 +1,4 @@
-"""Tests for app.engine.compat: llama.cpp's target/draft vocabulary compatibility rules."""
+"""Tests for app.gguf.compat: llama.cpp's target/draft vocabulary compatibility rules."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import gguf
 import numpy as np
 import pytest
 
-from app.engine.compat import (
+from app.gguf.compat import (
     MAX_VOCAB_SIZE_DIFFERENCE,
     Compatibility,
     check_compatible,
@@ -18,7 +18,7 @@ from app.engine.compat import (
     vocab_fingerprint,
     vocab_info,
 )
-from app.engine.gguf_meta import GGUFMetadata, read_metadata_file
+from app.gguf.meta import GGUFMetadata, read_metadata_file
 
 N_VOCAB = 1000
 _counter = itertools.count()

@@ -1,4 +1,4 @@
-"""Tests for app.engine.gguf_meta: GGUF header/metadata parsing from files and streams."""
+"""Tests for app.gguf.meta: GGUF header/metadata parsing from files and streams."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from gguf import GGUFValueType as VT
 
-from app.engine.gguf_meta import (
+from app.gguf.meta import (
     DEFAULT_READ_AHEAD,
     NUMPY_ARRAY_THRESHOLD,
     GGUFCorruptError,

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from app.engine.compat import check_compatible, check_files
-from app.engine.gguf_meta import read_metadata_file
+from app.gguf.compat import check_compatible, check_files
+from app.gguf.meta import read_metadata_file
 from app.tiny_gguf import write_tiny_llama
 from fakehub import FakeHub
 from models_registry.hub import NotFoundError, RetryPolicy

@@ -17,7 +17,7 @@ import pytest
 from PySide6.QtCore import QEvent, Qt
 from PySide6.QtWidgets import QApplication, QWidget
 
-from app.engine.compat import check_files
+from app.gguf.compat import check_files
 from app.ui.downloads import CANCELLED, DONE, FAILED, DownloadRow, fmt_eta, fmt_size
 from app.ui.models_panel import (
     BadgeRole,

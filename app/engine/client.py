@@ -43,7 +43,7 @@ from app.engine.errors import (
     PromptTooLongError,
 )
 from app.engine.events import Finished, Started, Step
-from app.engine.gguf_meta import GGUFError
+from app.gguf.meta import GGUFError
 from app.engine.protocol import (
     Crash,
     Done,

@@ -10,13 +10,13 @@ from typing import Any
 
 import numpy as np
 
-from app.engine import compat
+from app.gguf import compat
 from app.engine.auto import AutoDrafter, CostModel, MeasuredCosts
 from app.engine.chat import ChatTemplate, Message
 from app.engine.drafters import Drafter, LookupDrafter, ModelDrafter
 from app.engine.errors import EngineError, IncompatibleDraftError
 from app.engine.events import Finished, Started, Step
-from app.engine.gguf_meta import GGUFError
+from app.gguf.meta import GGUFError
 from app.engine.llama import Context, Model, ModelLoadError, backend_name, check_model_file, devices
 from app.engine.policy import AdaptivePolicy, DraftPolicy, FixedPolicy, PassPolicy, PlainPolicy
 from app.engine.settings import MODES, GenerationSettings, LoadSettings

@@ -29,7 +29,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.engine.compat import Compatibility, check_compatible
+from app.gguf.compat import Compatibility, check_compatible
 from app.ui.downloads import DownloadManager, fmt_size
 from models_registry.cli import resolve_model_ref
 from models_registry.hub import HubError, cached_path

@@ -32,7 +32,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from app.engine.gguf_meta import GGUFMetadata, read_metadata_file
+from app.gguf.meta import GGUFMetadata, read_metadata_file
 
 __all__ = [
     "CHECK_START_TOKEN_ID",
