@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_PROMPTS = REPO.parent / "shared" / "bench" / "prompts.jsonl"
+DEFAULT_PROMPTS = Path(__file__).with_name("prompts.jsonl")
 
 
 @dataclass(frozen=True)
