@@ -111,27 +111,31 @@ def _read_prompt(args: argparse.Namespace) -> str:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from app.engine.errors import EngineError, LlamaError, PromptTooLongError
-    from app.engine.events import Finished, Step
-    from app.engine.sampling import SamplingError, SamplingParams
-    from app.engine.settings import GenerationSettings, LoadSettings
+    from app.engine import (
+        EngineError,
+        Finished,
+        GenerationSettings,
+        LlamaError,
+        LoadSettings,
+        PromptTooLongError,
+        SamplingError,
+        Step,
+    )
 
     try:
         text = _read_prompt(args)
         mode = args.mode
-        settings = GenerationSettings(
-            mode=mode,
-            sampling=SamplingParams(
-                temperature=args.temperature,
-                top_k=args.top_k,
-                top_p=args.top_p,
-                min_p=args.min_p,
-                repeat_penalty=args.repeat_penalty,
-                seed=args.seed,
-            ),
+        settings = GenerationSettings.from_options(
+            mode,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            min_p=args.min_p,
+            repeat_penalty=args.repeat_penalty,
+            seed=args.seed,
             max_tokens=args.max_tokens,
             n_max=args.n_max,
-            n_min=min(args.n_min, args.n_max),
+            n_min=args.n_min,
             p_min=args.p_min,
             adaptive=not args.no_adaptive,
             stop=tuple(args.stop),
@@ -150,14 +154,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
     except (ValueError, EngineError, SamplingError) as e:
         return _fail(str(e))
 
-    from app.engine.client import EngineClient, EngineCrashedError
+    from app.engine import EngineClient, EngineCrashedError
 
     client = EngineClient()
     prev = signal.signal(signal.SIGINT, lambda *_: client.cancel())
     cancelled = False
     try:
         client.start()
-        client.load(load)
+        info = client.load(load)
         if args.chat:
             messages = [{"role": "system", "content": args.system}] if args.system else []
             messages.append({"role": "user", "content": text})
@@ -182,7 +186,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 "prompt_tokens": list(prompt),
                 "finish_reason": finished.reason,
                 "stats": finished.stats.to_dict(),
-                "engine": client.info(),
+                "engine": info.to_dict(),
             }
             print(json.dumps(out, ensure_ascii=False))
         else:
@@ -207,8 +211,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from app.gguf.meta import GGUFError
-    from models_registry.cli import check_refs
     from models_registry.hub import HubError
+    from models_registry.refs import check_refs
 
     try:
         verdict = check_refs(args.target, args.draft)

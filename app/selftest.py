@@ -1,6 +1,6 @@
 """``tandem --self-test``: prove on this machine that the engine process starts, loads and decodes losslessly.
 
-Loads a tiny real target + draft pair through the real :class:`~app.engine.client.EngineClient` (so the
+Loads a tiny real target + draft pair through the real :class:`~app.engine.EngineClient` (so the
 engine's ``spawn`` child process must start: in a frozen app that needs ``multiprocessing.freeze_support``
 in the entry point), generates greedily in plain and in speculative mode on a few prompts, and checks the
 speculative reply is the plain reply token for token. Prints load time, tokens/s per mode, acceptance and
@@ -21,9 +21,12 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from app import __version__
+
+if TYPE_CHECKING:
+    from app.engine import EngineInfo
 
 TARGET_NAME = "tiny-target.gguf"
 DRAFT_NAME = "tiny-draft.gguf"
@@ -59,13 +62,10 @@ def find_models(tmp_dir: Path | None = None) -> tuple[Path, Path, str]:
     return target, draft, f"generated ({tmp_dir})"
 
 
-def _describe_devices(info: dict[str, Any]) -> str:
-    devs = info.get("devices") or []
-    if not devs:
+def _describe_devices(info: EngineInfo) -> str:
+    if not info.devices:
         return "none reported"
-    return "; ".join(
-        f"{d.get('name', '?')} [{d.get('kind', '?')}] {d.get('description', '')}".strip() for d in devs
-    )
+    return "; ".join(f"{d.name} [{d.kind}] {d.description}".strip() for d in info.devices)
 
 
 def run_self_test(
@@ -84,9 +84,7 @@ def run_self_test(
     )
     t0 = time.perf_counter()
     try:
-        from app.engine.client import EngineClient
-        from app.engine.events import Finished
-        from app.engine.settings import GenerationSettings, LoadSettings
+        from app.engine import EngineClient, Finished, GenerationSettings, LoadSettings
     except Exception as e:  # a broken bundle: a module left out
         say(f"self-test FAILED: cannot import the engine: {type(e).__name__}: {e}")
         return 2
@@ -105,13 +103,12 @@ def run_self_test(
                 t_start = time.perf_counter()
                 client.start()
                 t_started = time.perf_counter()
-                client.load(
+                info = client.load(
                     LoadSettings(
                         target=str(target), draft=str(draft), n_ctx=512, n_threads=1, n_threads_draft=1
                     )
                 )
                 t_loaded = time.perf_counter()
-                info = client.info()
             except Exception as e:
                 say(f"self-test FAILED: the engine did not start or load: {type(e).__name__}: {e}")
                 log_path = client.log_path
@@ -122,7 +119,7 @@ def run_self_test(
                 f"engine process: started in {t_started - t_start:.2f} s (pid {client.pid}), "
                 f"models loaded in {t_loaded - t_started:.2f} s"
             )
-            say(f"backend: {info.get('backend', '?')}")
+            say(f"backend: {info.backend}")
             say(f"devices: {_describe_devices(info)}")
 
             totals = {

@@ -40,7 +40,7 @@ def _settings(args: argparse.Namespace):
 
 def headless(args: argparse.Namespace, target: str, draft: str | None) -> list[dict]:
     """Decode tokens/s of the same reply generated through the client, without any window."""
-    from app.engine.client import EngineClient
+    from app.engine import EngineClient
     from app.engine.events import Finished, Step
 
     s = _settings(args)

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.engine.drafters import EMPTY, Proposal
+from app.engine.drafting import EMPTY, Outcome, Proposal
+from app.engine.events import Source
 
 STEP = 0.1  # seconds charged for one decode step (the policy reads seconds; only ratios matter)
 # Python's share of drafting one token with the draft model (its logits to a token and a probability),
@@ -122,7 +123,7 @@ class ReplayDraft:
     def begin(self, prompt: Sequence[int], *, evaluate: bool = True) -> float:
         """As :meth:`ModelDrafter.begin`: the cache keeps what this prompt shares with the last text
         (a chat template's opening), and evaluates the rest now or (``evaluate=False``) lazily."""
-        from app.engine.drafters import common_prefix
+        from app.engine.drafting import common_prefix
 
         kept = common_prefix(self._text[: self._seen], prompt)
         self._seen = max(kept, len(prompt) - 1) if evaluate else kept
@@ -169,9 +170,12 @@ class ReplayDraft:
         t_steps = steps * STEP * self.costs.draft_batch(1)
         t = t_sync + t_steps + len(ids) * STEP * DRAFT_PYTHON
         return Proposal(
-            tuple(ids), (None,) * len(ids), tuple(conf), self.name, t, 0.0, steps, t_steps,
+            tuple(ids), (None,) * len(ids), tuple(conf), Source.MODEL, t, 0.0, steps, t_steps,
             n_sync=n_sync, t_sync=t_sync,
         )  # fmt: skip
+
+    def observe(self, proposal: Proposal, outcome: Outcome) -> None:
+        pass
 
     def close(self) -> None:
         pass
@@ -189,7 +193,7 @@ def _replay(
     observe: Callable[[Proposal, Any], None] | None = None,
 ) -> tuple[Result, dict[str, float]]:
     """Replies in order through one policy: per category (tokens, steps), and each reply's speedup."""
-    from app.engine.auto import CONFIDENCE_WINDOW, Outcome
+    from app.engine.auto import CONFIDENCE_WINDOW
 
     out: Result = {}
     per: dict[str, float] = {}
@@ -203,11 +207,11 @@ def _replay(
             batch = 1 + len(prop.tokens)
             verify = costs.verify(batch)
             drafting = prop.t_sync + prop.t_steps + len(prop.tokens) * STEP * DRAFT_PYTHON
-            seconds = verify + (drafting if prop.source == "model" and prop.tokens else 0.0)
+            seconds = verify + (drafting if prop.source is Source.MODEL and prop.tokens else 0.0)
             new = a + 1
             if observe is not None:
                 sure = tuple(r.confidence[max(pos, pos + new - CONFIDENCE_WINDOW) : pos + new])
-                source = prop.source if prop.tokens else "none"
+                source = prop.source if prop.tokens else Source.NONE
                 observe(prop, Outcome(source, len(prop.tokens), a, batch, verify, seconds, sure))
             cost += seconds / STEP
             pos += new
@@ -230,7 +234,7 @@ def replay_auto_replies(
 ) -> tuple[Result, dict[str, float]]:
     """:func:`replay_auto`, and each reply's speedup."""
     from app.engine.auto import AutoDrafter
-    from app.engine.drafters import LookupDrafter
+    from app.engine.drafting import LookupDrafter
     from app.engine.sampling import SamplingParams
 
     draft = ReplayDraft(costs) if model else None

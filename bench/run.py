@@ -162,7 +162,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "tokens": list(fin.tokens),
                     "finish": fin.reason,
                     "mean_k": sum(s.k for s in steps) / max(1, len(steps)),
-                    "drafters": dict(_count(s.drafter for s in steps)),
+                    "drafters": dict(_count(s.drafter.value for s in steps)),
                 }
                 if m.name == "plain":
                     plain_tokens = list(fin.tokens)
@@ -221,7 +221,7 @@ def lookup_bound(
     tokens / cost is the best speedup any policy choosing only the draft length could get.
     """
     from app.engine.auto import LOOKUP_MAX
-    from app.engine.drafters import LookupDrafter
+    from app.engine.drafting import LookupDrafter
 
     n_max = n_max or LOOKUP_MAX  # as long as auto mode's lookup drafts
     lookup = LookupDrafter()

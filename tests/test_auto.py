@@ -8,19 +8,18 @@ from app.engine.auto import (
     LOOKUP_CLASSES,
     LOOKUP_MAX,
     MODEL_CLASSES,
-    PAUSED,
     REPLY_MIN,
     Acceptance,
     AutoDrafter,
     MeasuredCosts,
     best_length,
-    is_paused,
     lookup_class,
     model_class,
 )
-from app.engine.drafters import LookupDrafter, Proposal, common_prefix
+from app.engine.auto.planner import continue_rule
+from app.engine.drafting import LookupDrafter, Outcome, Proposal, common_prefix
 from app.engine.engine import Engine, GenerationSettings, LoadSettings
-from app.engine.events import Step
+from app.engine.events import Action, Declined, Policy, Source, Step
 
 
 class SyntheticCosts:
@@ -138,7 +137,7 @@ def test_lookup_makes_a_rename_the_reply_made_twice() -> None:
     """A reply that renames a token of the text it copies: after two renamed occurrences (each where
     the copy resumed after it), copies are offered renamed and renamed text is looked up as it was;
     where the copy keeps the old token, the rename is dropped."""
-    from app.engine.drafters import EDIT_SEEN
+    from app.engine.drafting.lookup import EDIT_SEEN
 
     old, new = 50, 60
     source = [1, 2, old, 3, 4, 5, 6, old, 7, 8, 9, 10, old, 11, 12, 13, 14, old, 15, 16, 17, 18]
@@ -259,13 +258,14 @@ def test_auto_with_cheap_verify_drafts_with_the_model(engines) -> None:
     model_rounds = [s for s in st if s.drafter == "model"]
     assert model_rounds, "cheap verification should make auto mode draft with the model"
     assert max(s.k for s in model_rounds) >= 3
-    assert all(s.reason for s in st)
+    assert all(s.decision.policy is Policy.AUTO for s in st)
+    assert all(s.decision.source is Source.MODEL for s in model_rounds)
 
 
 def test_auto_with_expensive_verify_pauses_drafting_and_says_why(engines) -> None:
     _, dear = engines
     st = [s for p in PROMPTS for s in steps(dear, p, n_max=6)]
-    paused = [s for s in st if is_paused(s.reason)]
+    paused = [s for s in st if s.decision.action is Action.PAUSED]
     assert paused and all(s.k == 0 and s.n_drafted == 0 for s in paused)
     # verifying b tokens costs b plain steps: the model cannot pay even at 98% acceptance, so it is
     # never run (not even to probe)
@@ -283,7 +283,7 @@ class StaleDraft:
 
 
 def test_probes_only_when_finding_out_can_pay_for_the_catch_up() -> None:
-    from app.engine.drafters import LookupDrafter
+    from app.engine.drafting import LookupDrafter
 
     maybe = SyntheticCosts(base=0.010, slope=0.0002, draft=0.0005)  # drafting would pay a lot...
     auto = AutoDrafter(StaleDraft(20), LookupDrafter(), n_max=6, costs=maybe)  # type: ignore[arg-type]
@@ -311,7 +311,7 @@ def test_probes_only_where_the_target_is_sure_enough_for_the_draft_to_pay() -> N
     """A probe hopes for its class's acceptance halfway to 1. Where the target hesitates the draft
     agrees 75 % of the time: with CPU-like costs even 87.5 % cannot pay, so no probe is wasted there;
     where the target is sure (97 %) a probe may find the draft paying."""
-    from app.engine.drafters import LookupDrafter
+    from app.engine.drafting import LookupDrafter
 
     auto = AutoDrafter(StaleDraft(5), LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
     auto._since_model, auto._rest = 10**6, 10**5
@@ -325,7 +325,7 @@ def test_a_probes_own_round_is_part_of_its_price() -> None:
     """With the draft in step (no catch-up) a probe still drafts and verifies a batch that a class
     whose drafts keep failing is expected to lose on: in the few tokens a short reply has left,
     finding out cannot repay that; over a long rest it can."""
-    from app.engine.drafters import LookupDrafter
+    from app.engine.drafting import LookupDrafter
 
     auto = AutoDrafter(StaleDraft(0), LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
     auto._since_model = 10**6
@@ -350,8 +350,8 @@ def test_auto_probes_a_paused_draft_in_a_long_reply(tiny_pair) -> None:
             for _ in range(30):
                 acc.observe(6, 0, ())  # rejected at once, again and again
         st = steps(eng, PROMPTS[1], n_max=6, max_tokens=400)
-    probes = [s for s in st if "probing" in s.reason]
-    assert any(is_paused(s.reason) for s in st)
+    probes = [s for s in st if s.decision.action is Action.PROBE]
+    assert any(s.decision.action is Action.PAUSED for s in st)
     assert probes and all(s.n_drafted <= 2 for s in probes)
 
 
@@ -409,8 +409,7 @@ def test_draft_evaluates_the_prompt_up_front_only_while_it_could_pay() -> None:
 
 
 def test_probe_rounds_are_not_judged_and_a_good_probe_clears_the_guard() -> None:
-    from app.engine.auto import Outcome
-    from app.engine.drafters import Proposal
+    from app.engine.drafting import Proposal
 
     auto = AutoDrafter(RecordingDraft(), LookupDrafter(), n_max=6, costs=GPU_LIKE)  # type: ignore[arg-type]
     for _ in range(3):
@@ -419,8 +418,8 @@ def test_probe_rounds_are_not_judged_and_a_good_probe_clears_the_guard() -> None
     assert auto._losing("model0")
     auto.model_acc[0] = Acceptance(6, prior=0.95, weight=1e6)  # the probe finds the draft right again
     auto._probing = True
-    probe = Proposal((5, 6), (None, None), (0.9, 0.9), "model", 0.01, n_steps=1, t_steps=0.001)
-    auto.observe(probe, Outcome("model", 2, 2, 3, 0.01, 0.02))
+    probe = Proposal((5, 6), (None, None), (0.9, 0.9), Source.MODEL, 0.01, n_steps=1, t_steps=0.001)
+    auto.observe(probe, Outcome(Source.MODEL, 2, 2, 3, 0.01, 0.02))
     assert auto._realized["model0"].n == 0  # judged afresh from the next real rounds
     assert not auto._losing("model0")
 
@@ -451,7 +450,7 @@ def test_losing_short_lookup_matches_do_not_stop_long_ones() -> None:
 
 def test_a_short_match_that_resumes_the_last_copy_after_an_edit_is_drafted() -> None:
     """A reply rewriting its input picks the copy up again after each edit with a 2-token match."""
-    from app.engine.auto import RESUME, Outcome
+    from app.engine.auto.priors import RESUME
 
     source = list(range(100, 140))
     prompt = [1, 2, *source, 3]
@@ -464,7 +463,7 @@ def test_a_short_match_that_resumes_the_last_copy_after_an_edit_is_drafted() -> 
             copy = auto.propose([*prompt, *source[:12]], 6, None, None)  # type: ignore[arg-type]
             assert copy.match >= 9 and copy.tokens
             n = len(copy.tokens)
-            auto.observe(copy, Outcome("lookup", n, n, n + 1, 0.2))  # all of it accepted
+            auto.observe(copy, Outcome(Source.LOOKUP, n, n, n + 1, 0.2))  # all of it accepted
         found = auto.lookup.propose(edited, 6, None, None)  # type: ignore[arg-type]
         assert found.match == 2 and found.tokens[:2] == tuple(source[19:21])
         if copied_before:
@@ -474,7 +473,7 @@ def test_a_short_match_that_resumes_the_last_copy_after_an_edit_is_drafted() -> 
 
     assert not resumed_draft(copied_before=False).tokens  # a lone 2-token match: a coincidence
     resumed = resumed_draft(copied_before=True)
-    assert resumed.source == "lookup" and len(resumed.tokens) >= 2 and "resuming" in resumed.reason
+    assert resumed.source == "lookup" and len(resumed.tokens) >= 2 and resumed.decision.resumes_copy
 
 
 class MeasuredCpu(SyntheticCosts):
@@ -488,7 +487,7 @@ class MeasuredCpu(SyntheticCosts):
 
 def test_a_long_copy_the_target_keeps_accepting_is_drafted_past_n_max() -> None:
     """Prompt lookup drafts cost nothing: their length follows verify costs, not n_max."""
-    from app.engine.auto import LOOKUP_MAX, Outcome
+    from app.engine.auto import LOOKUP_MAX
 
     costs = MeasuredCpu(0.1, 0.0, 0.05)
     source = list(range(100, 180))
@@ -502,11 +501,11 @@ def test_a_long_copy_the_target_keeps_accepting_is_drafted_past_n_max() -> None:
     for _ in range(4):  # the target accepts the copy again and again
         prop = auto.propose([*prompt, *source[:done]], 200, None, None)  # type: ignore[arg-type]
         n = len(prop.tokens)
-        auto.observe(prop, Outcome("lookup", n, n, n + 1, costs.verify(n + 1), costs.verify(n + 1)))
+        auto.observe(prop, Outcome(Source.LOOKUP, n, n, n + 1, costs.verify(n + 1), costs.verify(n + 1)))
         done += n + 1
     long = auto.propose([*prompt, *source[:done]], 200, None, None)  # type: ignore[arg-type]
     assert long.source == "lookup" and len(long.tokens) == LOOKUP_MAX > auto.n_max
-    assert "copy" in long.reason or "match" in long.reason
+    assert long.decision.action is Action.DRAFT and long.decision.match == long.match > 0
     # the draft model's drafts stay within n_max
     sure = AutoDrafter(SureDraft(), LookupDrafter(), n_max=6, costs=GPU_LIKE)  # type: ignore[arg-type]
     sure.begin([5, 6, 7])
@@ -527,7 +526,7 @@ class Avx512Cpu(SyntheticCosts):
 def test_a_copy_that_goes_on_in_this_reply_is_drafted_further() -> None:
     """Positions a reply has not drafted yet follow the deepest it has: copies that keep going at
     positions 1-2 are drafted long, copies that stop there are not, and the draft model is not."""
-    from app.engine.auto import ReplyAcceptance
+    from app.engine.auto.acceptance import ReplyAcceptance
 
     costs = Avx512Cpu(0.1, 0.0, 0.05)
     first, rest = LOOKUP_CLASSES[1][1]  # a 3-5 token match where the target was sure
@@ -555,14 +554,13 @@ def test_a_copy_that_goes_on_in_this_reply_is_drafted_further() -> None:
 
 
 def test_model_rounds_that_take_longer_than_predicted_correct_the_plan() -> None:
-    from app.engine.auto import Outcome
 
     auto = AutoDrafter(SureDraft(), LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
     assert auto._model_overrun() == 1.0
-    round_ = Proposal((7, 7, 7), (None,) * 3, (0.99,) * 3, "model", 0.0, n_steps=3, t_steps=0.15)
+    round_ = Proposal((7, 7, 7), (None,) * 3, (0.99,) * 3, Source.MODEL, 0.0, n_steps=3, t_steps=0.15)
     predicted = 3 * CPU_LIKE.draft_step() + CPU_LIKE.verify(4)
     for _ in range(5):  # model rounds take 30 % longer than their parts timed alone
-        auto.observe(round_, Outcome("model", 3, 3, 4, CPU_LIKE.verify(4), 1.3 * predicted))
+        auto.observe(round_, Outcome(Source.MODEL, 3, 3, 4, CPU_LIKE.verify(4), 1.3 * predicted))
     assert auto._model_overrun() == pytest.approx(1.3)
     sure = Acceptance(6, prior=0.97, weight=1e6)
     assert best_length(sure, CPU_LIKE, CPU_LIKE.draft_step(), 6, 0.03).k > 0
@@ -583,7 +581,7 @@ class SureDraft(StaleDraft):
         return 0.0
 
     def propose(self, tokens, k, params, rng, *, keep_going=None):
-        from app.engine.drafters import Proposal
+        from app.engine.drafting import Proposal
 
         ids: list[int] = []
         for j in range(k):
@@ -592,7 +590,9 @@ class SureDraft(StaleDraft):
                 break
         self.asked.append(k)
         n = len(ids)
-        return Proposal(tuple(ids), (None,) * n, (self.confidence,) * n, "model", 0.0, n_steps=n, t_steps=0.0)
+        return Proposal(
+            tuple(ids), (None,) * n, (self.confidence,) * n, Source.MODEL, 0.0, n_steps=n, t_steps=0.0
+        )
 
 
 def test_model_class_follows_the_targets_confidence() -> None:
@@ -605,20 +605,20 @@ def test_model_class_follows_the_targets_confidence() -> None:
 
 
 def test_auto_drafts_with_the_model_only_where_the_target_is_sure() -> None:
-    from app.engine.auto import Outcome
-    from app.engine.drafters import EMPTY
+    from app.engine.drafting import EMPTY
 
     text = list(range(200, 260))  # no n-gram repeats: prompt lookup has nothing to offer
     auto = AutoDrafter(SureDraft(), LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
     auto.begin(text)
-    auto.observe(EMPTY, Outcome("none", 0, 0, 1, 0.1, 0.1, confidence=(0.6,)))
+    auto.observe(EMPTY, Outcome(Source.NONE, 0, 0, 1, 0.1, 0.1, confidence=(0.6,)))
     hesitant = auto.propose(text, 6, None, None)  # type: ignore[arg-type]
-    assert not hesitant.tokens and hesitant.reason == PAUSED  # no match to name
+    assert not hesitant.tokens and hesitant.decision.action is Action.PAUSED
+    assert hesitant.decision.declined is None  # no match to name
     for _ in range(3):
-        auto.observe(EMPTY, Outcome("none", 0, 0, 1, 0.1, 0.1, confidence=(1.0,)))
+        auto.observe(EMPTY, Outcome(Source.NONE, 0, 0, 1, 0.1, 0.1, confidence=(1.0,)))
     sure = auto.propose(text, 6, None, None)  # type: ignore[arg-type]
-    assert sure.source == "model" and len(sure.tokens) >= 2, sure.reason
-    assert "target 100% sure" in sure.reason
+    assert sure.source == "model" and len(sure.tokens) >= 2, sure.decision
+    assert sure.decision.target_sure == 1.0
 
 
 def test_model_drafts_on_past_a_costly_batch_size_when_cheaper_ones_follow() -> None:
@@ -629,7 +629,7 @@ def test_model_drafts_on_past_a_costly_batch_size_when_cheaper_ones_follow() -> 
             return {1: 0.1, 2: 0.15, 3: 0.21, 4: 0.21, 5: 0.25}.get(batch, 0.25 + 0.05 * (batch - 5))
 
     auto = AutoDrafter(SureDraft(), LookupDrafter(), n_max=6, costs=Lumpy(0.1, 0.0, 0.045))  # type: ignore[arg-type]
-    keep_going = auto._continue_rule(auto.model_acc[-1], 6)
+    keep_going = continue_rule(auto.costs, auto.acc["model"], auto.model_acc[-1], auto.costs.draft_step(), 6)
     assert keep_going(1, [0.99, 0.99])  # a 3rd token costs 0.06 s more, but a 4th is then nearly free
     assert not keep_going(1, [0.99, 0.2])  # an unlikely 2nd token: more drafting cannot pay
 
@@ -666,8 +666,6 @@ def test_a_catch_up_is_charged_to_the_model_rounds_it_serves() -> None:
     catch-up: once the reply shows that, a catch-up is no longer spread over the rest of the reply."""
     from dataclasses import replace
 
-    from app.engine.auto import Outcome
-
     costs = SyntheticCosts(base=0.1, slope=0.02, draft=0.03)  # a sure draft pays well when it keeps up
     text = list(range(300, 400))
 
@@ -683,7 +681,7 @@ def test_a_catch_up_is_charged_to_the_model_rounds_it_serves() -> None:
             t_sync = 0.0175 * n_sync
             t_round = n * costs.draft + costs.verify(n + 1) + t_sync
             prop = replace(first, n_sync=n_sync, t_sync=t_sync)
-            auto.observe(prop, Outcome("model", n, n, n + 1, costs.verify(n + 1), t_round))
+            auto.observe(prop, Outcome(Source.MODEL, n, n, n + 1, costs.verify(n + 1), t_round))
         return auto.propose(text, 200, None, None)  # type: ignore[arg-type]
 
     assert not reply(rounds_per_catch_up=1).tokens  # half a second of catching up for one round: no
@@ -716,8 +714,6 @@ def test_a_catch_up_is_charged_as_catch_ups_served_in_earlier_replies_until_this
     rest of a new reply either, before that reply has shown what its own catch-ups serve."""
     from dataclasses import replace
 
-    from app.engine.auto import Outcome
-
     costs = SyntheticCosts(base=0.1, slope=0.02, draft=0.03)
     text = list(range(300, 400))
     auto = AutoDrafter(SureDraft(pending=30), LookupDrafter(), n_max=6, costs=costs)  # type: ignore[arg-type]
@@ -731,7 +727,7 @@ def test_a_catch_up_is_charged_as_catch_ups_served_in_earlier_replies_until_this
         for _ in range(3):
             t_round = n * costs.draft + costs.verify(n + 1) + 0.5
             prop = replace(first, n_sync=30, t_sync=0.5)
-            auto.observe(prop, Outcome("model", n, n, n + 1, costs.verify(n + 1), t_round))
+            auto.observe(prop, Outcome(Source.MODEL, n, n, n + 1, costs.verify(n + 1), t_round))
     auto.begin(text[:10])
     auto._target_conf.extend([1.0] * 3)
     assert not auto.propose(text, 200, None, None).tokens  # type: ignore[arg-type]
@@ -775,7 +771,7 @@ def test_the_loop_reports_the_targets_confidence_to_auto_mode(tiny_pair) -> None
 
 
 def test_a_reply_unlike_the_pool_is_followed_within_the_reply() -> None:
-    from app.engine.auto import ReplyAcceptance
+    from app.engine.auto.acceptance import ReplyAcceptance
 
     cpu = SyntheticCosts(base=0.100, slope=0.050, draft=0.050)  # a batch of 2 costs 1.5 steps
     settled = Acceptance(6, prior=0.83, weight=1e6)  # what many replies taught
@@ -816,7 +812,8 @@ def test_accepted_draft_tokens_are_not_counted_as_catch_up(tiny_pair) -> None:
 def test_a_copy_of_a_record_stops_where_the_record_broke_from_its_own_copy() -> None:
     """JSON records copy each other up to their values. Where this reply departed from a copy (checked
     whether it was drafted or not), a later copy of that stretch is judged at the breaks' own rate."""
-    from app.engine.auto import BREAK_PRIOR, CopyBreaks, Outcome
+    from app.engine.auto.acceptance import CopyBreaks
+    from app.engine.auto.priors import BREAK_PRIOR
 
     costs = SyntheticCosts(base=0.1, slope=0.01, draft=0.05)  # a batch of 4: 1.3 steps
     keys, tail = [10, 11, 12, 13, 14, 15], [16, 17]
@@ -831,7 +828,7 @@ def test_a_copy_of_a_record_stops_where_the_record_broke_from_its_own_copy() -> 
     text = [*prompt, *record(0), *keys]
     offered = auto.propose(text, 50, None, None)  # type: ignore[arg-type]
     n = len(offered.tokens)
-    auto.observe(offered, Outcome(offered.source if n else "none", n, 0, n + 1, costs.verify(n + 1)))
+    auto.observe(offered, Outcome(offered.source if n else Source.NONE, n, 0, n + 1, costs.verify(n + 1)))
     text.append(101)  # the target's value, not the copy's 100
     auto.propose(text, 50, None, None)  # type: ignore[arg-type]  # checks the last copy offered
     assert auto._breaks.breaks == {len(text) - 1}
@@ -843,7 +840,7 @@ def test_a_copy_of_a_record_stops_where_the_record_broke_from_its_own_copy() -> 
     assert copy.origin + value_at in auto._breaks.breaks
     drafted = auto.propose(text, 50, None, None)  # type: ignore[arg-type]
     assert drafted.source == "lookup" and 1 <= len(drafted.tokens) <= value_at
-    assert f"broke at token {value_at + 1}" in drafted.reason
+    assert drafted.decision.copy_broke_at == value_at + 1
     # the same copy with no break seen in this reply is drafted past the value
     fresh = AutoDrafter(None, LookupDrafter(), costs=costs)
     fresh.lookup_acc, fresh._realized = auto.lookup_acc, auto._realized  # same pooled evidence
@@ -851,7 +848,9 @@ def test_a_copy_of_a_record_stops_where_the_record_broke_from_its_own_copy() -> 
     assert len(fresh.propose(text, 50, None, None).tokens) > value_at  # type: ignore[arg-type]
     # a short match failing at once was a coincidence, not a copy the reply departed from
     coincidence = CopyBreaks()
-    coincidence.offer([0] * 8, Proposal((7, 8), (None, None), (1.0, 1.0), "lookup", 0.0, match=2, origin=3))
+    coincidence.offer(
+        [0] * 8, Proposal((7, 8), (None, None), (1.0, 1.0), Source.LOOKUP, 0.0, match=2, origin=3)
+    )
     coincidence.check([0] * 8 + [9])
     assert not coincidence.breaks
     # a reply whose copies hold at their breaks raises the rate
@@ -859,7 +858,7 @@ def test_a_copy_of_a_record_stops_where_the_record_broke_from_its_own_copy() -> 
     assert breaks.rate() == pytest.approx(BREAK_PRIOR)
     breaks.breaks.add(5)
     for _ in range(10):
-        breaks.offer([0] * 8, Proposal((7,), (None,), (1.0,), "lookup", 0.0, origin=5))
+        breaks.offer([0] * 8, Proposal((7,), (None,), (1.0,), Source.LOOKUP, 0.0, origin=5))
         breaks.check([0] * 8 + [7])
     assert breaks.rate() > 0.8
 
@@ -876,7 +875,7 @@ class EpycCpu(SyntheticCosts):
 def test_the_first_draft_of_a_class_of_copy_in_a_reply_is_short() -> None:
     """A long match in a new reply is first drafted FIRST_LOOKUP tokens deep, whatever other replies
     taught the class; once the target accepted that, the copy is drafted long."""
-    from app.engine.auto import FIRST_LOOKUP, Outcome
+    from app.engine.auto.priors import FIRST_LOOKUP
 
     costs = EpycCpu(0.03, 0.0, 0.016)
     source = list(range(100, 180))
@@ -889,12 +888,12 @@ def test_the_first_draft_of_a_class_of_copy_in_a_reply_is_short() -> None:
         assert first.source == "lookup" and first.match >= LOOKUP_CLASSES[-1][0]
         assert 1 <= len(first.tokens) <= FIRST_LOOKUP < LOOKUP_MAX
         n = len(first.tokens)
-        auto.observe(first, Outcome("lookup", n, n, n + 1, costs.verify(n + 1), costs.verify(n + 1)))
+        auto.observe(first, Outcome(Source.LOOKUP, n, n, n + 1, costs.verify(n + 1), costs.verify(n + 1)))
         done += n + 1
         for _ in range(3):  # the copy goes on
             prop = auto.propose([*prompt, *source[:done]], 200, None, None)  # type: ignore[arg-type]
             n = len(prop.tokens)
-            auto.observe(prop, Outcome("lookup", n, n, n + 1, costs.verify(n + 1), costs.verify(n + 1)))
+            auto.observe(prop, Outcome(Source.LOOKUP, n, n, n + 1, costs.verify(n + 1), costs.verify(n + 1)))
             done += n + 1
         assert n == LOOKUP_MAX
 
@@ -928,36 +927,33 @@ def test_a_draft_model_that_could_not_pay_even_if_always_right_is_neither_planne
     sure_but_dear = AutoDrafter(SureDraft(), LookupDrafter(), n_max=6, costs=EXPENSIVE)  # type: ignore[arg-type]
     text = list(range(200, 260))  # no n-gram repeats: only the draft model could draft
     sure_but_dear.begin(text)
-    from app.engine.auto import Outcome
-    from app.engine.drafters import EMPTY
+    from app.engine.drafting import EMPTY
 
     for i in range(300):
-        sure_but_dear.observe(EMPTY, Outcome("none", 0, 0, 1, 0.1, 0.1, confidence=(1.0,)))
+        sure_but_dear.observe(EMPTY, Outcome(Source.NONE, 0, 0, 1, 0.1, 0.1, confidence=(1.0,)))
         prop = sure_but_dear.propose([*text, *range(300, 300 + i)], 6, None, None)  # type: ignore[arg-type]
-        assert not prop.tokens and prop.reason in (PAUSED, "measuring plain decoding")
+        assert not prop.tokens and prop.decision.action in (Action.PAUSED, Action.MEASURE)
     assert sure_but_dear.model.asked == []  # type: ignore[union-attr]
 
 
-def test_a_declined_lookup_match_is_named_in_the_reason() -> None:
+def test_a_declined_lookup_match_is_named_in_the_decision() -> None:
     """A round that drafts nothing says why, and names the prompt lookup match it did not draft (the
-    app shows it next to "drafting paused")."""
-    from app.engine.auto import Outcome
-    from app.engine.drafters import EMPTY
+    app shows it next to "drafting paused"), as data."""
+    from app.engine.drafting import EMPTY
 
     text = [*range(200, 260), 230, 231]  # ends with a 2-token match: a coincidence as often as not
     for model, costs in ((None, EXPENSIVE), (SureDraft(), EXPENSIVE)):
         auto = AutoDrafter(model, LookupDrafter(), n_max=6, costs=costs)  # type: ignore[arg-type]
         auto.begin(text[:60])
-        auto.observe(EMPTY, Outcome("none", 0, 0, 1, 0.1, 0.1, confidence=(1.0,)))
+        auto.observe(EMPTY, Outcome(Source.NONE, 0, 0, 1, 0.1, 0.1, confidence=(1.0,)))
         prop = auto.propose(text, 6, None, None)  # type: ignore[arg-type]
         assert not prop.tokens
-        named = "prompt lookup: a 2-token match, too likely to break to pay"
-        if model is None:
-            assert prop.reason == named
-        else:
-            assert is_paused(prop.reason) and prop.reason == f"{PAUSED}; {named}"
+        named = Declined(Source.LOOKUP, match=2, losing=False)
+        assert prop.decision.declined == named
+        assert prop.decision.action is (Action.DECLINED if model is None else Action.PAUSED)
         no_match = auto.propose(list(range(300, 360)), 6, None, None)  # type: ignore[arg-type]
-        assert no_match.reason == ("no n-gram match" if model is None else PAUSED)
+        assert no_match.decision.declined is None
+        assert no_match.decision.action is (Action.NO_MATCH if model is None else Action.PAUSED)
 
 
 class SlowBatchCpu(SyntheticCosts):
@@ -971,7 +967,6 @@ class SlowBatchCpu(SyntheticCosts):
 
 def decode_teacher_forced(auto: AutoDrafter, prompt: list[int], reply: list[int], costs) -> list[Proposal]:
     """Run ``reply`` through auto's rounds as greedy verification would accept it; the drafts."""
-    from app.engine.auto import Outcome
 
     auto.begin(prompt)
     drafts, done = [], 0

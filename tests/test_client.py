@@ -12,10 +12,10 @@ import time
 import psutil
 import pytest
 
-from app.engine.client import EngineClient, EngineCrashedError
 from app.engine.engine import Engine, EngineError, GenerationSettings, IncompatibleDraftError, LoadSettings
 from app.engine.events import Finished, Started, Step
 from app.engine.llama import ModelLoadError
+from app.engine.process.client import EngineClient, EngineCrashedError
 from app.engine.speculative import PromptTooLongError
 
 pytestmark = pytest.mark.timeout(60)
@@ -99,20 +99,20 @@ def test_load_progress_increases_to_one(client, progress_calls) -> None:
         fractions = [f for s, f in progress_calls if s == stage]
         assert fractions == sorted(fractions) and fractions[-1] == 1.0 and len(fractions) > 2
     info = client.info()
-    assert info["loaded"] and info["pid"] == client.pid and info["n_ctx"] >= 512
+    assert info.loaded and info.pid == client.pid and info.engine is not None and info.engine.n_ctx >= 512
 
 
 def test_requests_during_a_generation_are_answered(client) -> None:
     prompt = client.tokenize(PROMPT)
     with client.generate(prompt=prompt, settings=SLOW) as stream:
         assert isinstance(next(stream), Started)
-        assert client.info()["generating"] is True
+        assert client.info().generating is True
         assert client.tokenize(PROMPT) == prompt
         with pytest.raises(EngineError, match="already running"):
             client.generate(prompt=prompt, settings=GREEDY)
         with pytest.raises(EngineError, match="cancel it first"):
             client.load(client.settings)
-    assert client.info()["generating"] is False
+    assert client.info().generating is False
 
 
 # -- cancellation ---------------------------------------------------------------------------------
@@ -222,6 +222,8 @@ def test_abort_and_segfault_are_reported_and_auto_restarted(tiny_pair, expected)
             c.crash("abort")
         assert err.value.signal_name == "SIGABRT"
         assert any("forced abort" in line for line in err.value.log_tail), err.value.log_tail
+        # what happened, in one line for the app's status bar (the log lines travel as a field)
+        assert "aborted (SIGABRT)" in err.value.what and "forced abort" not in err.value.what
         assert not c.alive
         _, fin = run(c, prompt=prompt, settings=GREEDY)  # restarted and re-loaded transparently
         assert fin.tokens == expected["prompt"]
@@ -229,7 +231,7 @@ def test_abort_and_segfault_are_reported_and_auto_restarted(tiny_pair, expected)
         with pytest.raises(EngineCrashedError, match=rf"crashed \({SEGFAULT}\)") as err:
             c.crash("segfault")
         assert err.value.signal_name == SEGFAULT and c.last_crash is not None
-        assert c.info()["loaded"] and c.settings == load_settings(tiny_pair)
+        assert c.info().loaded and c.settings == load_settings(tiny_pair)
         pids.append(c.pid)
         assert len(set(pids)) == 3
     for pid in pids:
@@ -261,7 +263,7 @@ def test_the_client_side_never_loads_llama_cpp() -> None:
     import sys
 
     code = (
-        "import sys; import app.engine.client, app.engine.settings, app.engine.errors, app.engine.events; "
+        "import sys; import app.engine.process.client, app.engine.settings, app.engine.errors, app.engine.events; "
         "print('llama_cpp' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from app.engine.engine import Engine, EngineError, GenerationSettings, IncompatibleDraftError, LoadSettings
-from app.engine.events import Finished, Started, Step
+from app.engine.events import Action, Finished, Policy, Source, Started, Step
 from app.engine.llama import Context, ModelLoadError
 from app.engine.sampling import SamplingParams
 from app.engine.speculative import PromptTooLongError
@@ -116,6 +116,33 @@ def test_events_carry_statistics(engine: Engine) -> None:
     assert 0 <= st.python_share <= 1
     with pytest.raises(Exception):  # noqa: B017 -- events are frozen
         steps[0].text = "x"
+
+
+def test_each_round_reports_its_decision_as_data(engine: Engine) -> None:
+    prompt = engine.tokenize(PROMPTS[4])
+
+    def decisions(mode: str, **kw) -> list[Step]:
+        return [e for e in engine.generate(prompt, settings(mode, **kw)) if isinstance(e, Step)]
+
+    plain = decisions("plain")
+    assert all(s.decision.action is Action.PLAIN and s.drafter is Source.NONE and s.k == 0 for s in plain)
+    fixed = decisions("speculative", n_max=3, adaptive=False, max_tokens=12)
+    for s in fixed:
+        d = s.decision
+        assert d.policy is Policy.FIXED and d.n_max == 3 and d.k == s.k <= 3
+        assert d.capped == (d.k < 3) and (d.action is Action.DRAFT) == (d.k > 0)
+    assert any(s.drafter is Source.MODEL for s in fixed)
+    adaptive = decisions("speculative", n_max=4, n_min=1, adaptive=True)
+    assert all(
+        s.decision.policy is Policy.ADAPTIVE and s.decision.recent_acceptance is not None for s in adaptive
+    )
+    auto = decisions("auto", n_max=4)
+    assert all(s.decision.policy is Policy.AUTO and s.k == s.decision.k for s in auto)
+    assert all(s.drafter is s.decision.source for s in auto if s.n_drafted)
+    info = engine.info()
+    assert info.target.n_layer > 0 and info.draft is not None and info.n_ctx == engine.n_ctx
+    assert info.size_bytes == info.target.size_bytes + info.draft.size_bytes
+    assert info.target.offload.layers_offloaded == 0 and info.target.offload.backend == "CPU"
 
 
 def test_continuing_after_rejection_matches_fresh_evaluation(engine: Engine) -> None:

@@ -36,7 +36,7 @@ def test_spec_parses_and_uses_the_hooks_and_entry():
     ast.parse(spec)  # valid Python
     assert 'hookspath=[str(ROOT / "packaging" / "hooks")]' in spec
     assert '"entry.py"' in spec
-    assert "app.engine.host" in spec  # the spawned engine's module, imported by name
+    assert "app.engine.process.host" in spec  # the spawned engine's module, imported by name
     hooks = sorted(p.name for p in (PACKAGING / "hooks").glob("hook-*.py"))
     assert "hook-llama_cpp.py" in hooks
     for hook in hooks:

@@ -9,8 +9,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 import pytest
 from PySide6.QtCore import Qt
 
-from app.engine.auto import PAUSED
-from app.engine.events import Step
+from app.engine import Action, Decision, Declined, Policy, Source, Step
 from app.ui.composer import Composer
 from app.ui.markdown import Segment, draft_html, render_code, render_prose, split_segments
 from app.ui.metrics import PlainCost, ReplyMeter, Rolling, draft_share
@@ -20,10 +19,19 @@ from app.ui.store import Store
 pytestmark = pytest.mark.timeout(30)
 
 
+PAUSED = Decision(Action.PAUSED, Policy.AUTO)
+
+
 def step(
-    text: str, from_draft: tuple[bool, ...], t_round: float = 0.01, reason: str = "", k: int = 4
+    text: str,
+    from_draft: tuple[bool, ...],
+    t_round: float = 0.01,
+    decision: Decision | None = None,
+    k: int = 4,
 ) -> Step:
     n = len(from_draft)
+    if decision is None:
+        decision = Decision(Action.DRAFT, Policy.FIXED, Source.MODEL, k=k, n_max=k) if k else PAUSED
     return Step(
         text=text,
         tokens=tuple(range(n)),
@@ -31,8 +39,8 @@ def step(
         n_drafted=k if k else 0,
         n_accepted=sum(from_draft),
         k=k,
-        drafter="model" if k else "none",
-        reason=reason,
+        drafter=Source.MODEL if k else Source.NONE,
+        decision=decision,
         t_draft=0.0,
         t_verify=t_round,
         t_round=t_round,
@@ -152,7 +160,7 @@ def test_draft_html_tints_spans() -> None:
 def test_meter_figures_and_draft_spans() -> None:
     m = ReplyMeter(t_sent=0.0)
     m.add(step("abcd", (True, True, True, False), 0.02), now=0.5)
-    m.add(step("xy", (False,), 0.01, k=0, reason=PAUSED), now=0.6)
+    m.add(step("xy", (False,), 0.01, k=0, decision=PAUSED), now=0.6)
     assert m.ttft == 0.5 and m.n_tokens == 5 and m.rounds == 2
     assert m.acceptance == 3 / 4
     assert m.draft_spans == [(0, 3)]  # 3 of 4 tokens drafted: the first 3/4 of "abcd"
@@ -166,20 +174,55 @@ def test_meter_figures_and_draft_spans() -> None:
 
 
 def test_status_names_a_declined_lookup_match_while_paused() -> None:
-    from app.ui.gauges import GaugesPanel
+    from app.ui.wording import status_text
 
     m = ReplyMeter(t_sent=0.0)
-    m.add(step("x", (False,), k=0, reason=PAUSED), now=0.1)
+    m.add(step("x", (False,), k=0, decision=PAUSED), now=0.1)
     assert m.paused
-    assert GaugesPanel._status_text(m, "CPU", "auto") == (
-        "Drafting paused: verifying costs more than it saves on this CPU."
-    )
-    declined = "prompt lookup: a 2-token match, too likely to break to pay"
-    m.add(step("y", (False,), k=0, reason=f"{PAUSED}; {declined}"), now=0.2)
+    assert status_text(m, "CPU", "auto") == "Drafting paused: verifying costs more than it saves on this CPU."
+    declined = Declined(Source.LOOKUP, match=2, losing=False)
+    m.add(step("y", (False,), k=0, decision=Decision(Action.PAUSED, Policy.AUTO, declined=declined)), now=0.2)
     assert m.paused
-    assert GaugesPanel._status_text(m, "CPU", "auto") == (
-        f"Drafting paused: verifying costs more than it saves on this CPU ({declined})."
+    assert status_text(m, "CPU", "auto") == (
+        "Drafting paused: verifying costs more than it saves on this CPU "
+        "(prompt lookup: a 2-token match, too likely to break to pay)."
     )
+
+
+def test_status_words_each_decision_from_its_fields() -> None:
+    from app.ui.wording import describe_decision, status_text
+
+    lookup = Decision(
+        Action.DRAFT,
+        Policy.AUTO,
+        Source.LOOKUP,
+        k=5,
+        match=9,
+        resumes_copy=True,
+        copy_broke_at=3,
+        expected_speedup=1.5,
+        measured_speedup=1.25,
+    )
+    assert describe_decision(lookup) == (
+        "prompt lookup: 9-token match, resuming the copy, copy broke at token 3 before, "
+        "1.50x expected, 1.25x lately"
+    )
+    model = Decision(
+        Action.DRAFT, Policy.AUTO, Source.MODEL, k=4, target_sure=None, sure_floor=0.9, acceptance=0.8
+    )
+    assert describe_decision(model) == "draft model: target under 90% sure, 80% acceptance"
+    assert describe_decision(Decision(Action.NO_MATCH, Policy.AUTO)) == "no n-gram match"
+    assert describe_decision(Decision(Action.PROBE, Policy.AUTO, Source.MODEL, k=2)).startswith("probing")
+    m = ReplyMeter(t_sent=0.0)
+    m.add(step("a", (True, False), decision=model), now=0.1)
+    assert status_text(m, "CPU", "auto") == (
+        "Drafting with the draft model, up to 4 tokens a round "
+        "(draft model: target under 90% sure, 80% acceptance)."
+    )
+    fixed = Decision(Action.DRAFT, Policy.FIXED, Source.MODEL, k=3, n_max=3)
+    m.add(step("b", (True, False), decision=fixed, k=3), now=0.2)
+    assert status_text(m, "CPU", "speculative") == "Drafting with the draft model, up to 3 tokens a round."
+    assert status_text(m, "CPU", "plain") == "Plain decoding (speculation is off)."
 
 
 def test_plain_cost_needs_plain_rounds() -> None:

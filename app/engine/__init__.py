@@ -1,1 +1,52 @@
-"""The inference engine: pure Python over llama.cpp. Never imports Qt."""
+"""The inference engine: speculative decoding over llama.cpp, in its own process. Never imports Qt.
+
+This module is the engine's public API for the UI, the CLI and the server: the client of the engine
+process, the settings it takes, the records it streams and the errors it raises. Importing it does not
+load llama.cpp (that happens in the engine process).
+"""
+
+from app.engine.errors import (
+    ContextFullError,
+    EngineError,
+    IncompatibleDraftError,
+    LlamaError,
+    ModelLoadError,
+    PromptTooLongError,
+)
+from app.engine.events import Action, Decision, Declined, Finished, Policy, Source, Started, Stats, Step
+from app.engine.info import Device, EngineInfo, EngineStatus, ModelInfo, Offload
+from app.engine.process.client import EngineClient, EngineCrashedError, GenerationStream, RemoteError
+from app.engine.sampling import SamplingError, SamplingParams
+from app.engine.settings import MODES, GenerationSettings, LoadSettings
+
+__all__ = [
+    "MODES",
+    "Action",
+    "ContextFullError",
+    "Decision",
+    "Declined",
+    "Device",
+    "EngineClient",
+    "EngineCrashedError",
+    "EngineError",
+    "EngineInfo",
+    "EngineStatus",
+    "Finished",
+    "GenerationSettings",
+    "GenerationStream",
+    "IncompatibleDraftError",
+    "LlamaError",
+    "LoadSettings",
+    "ModelInfo",
+    "ModelLoadError",
+    "Offload",
+    "Policy",
+    "PromptTooLongError",
+    "RemoteError",
+    "SamplingError",
+    "SamplingParams",
+    "Source",
+    "Started",
+    "Stats",
+    "Step",
+]

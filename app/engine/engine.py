@@ -5,22 +5,21 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict
-from typing import Any
 
 import numpy as np
 
-from app.gguf import compat
 from app.engine.auto import AutoDrafter, CostModel, MeasuredCosts
 from app.engine.chat import ChatTemplate, Message
-from app.engine.drafters import Drafter, LookupDrafter, ModelDrafter
+from app.engine.drafting import Drafter, LookupDrafter, ModelDrafter
 from app.engine.errors import EngineError, IncompatibleDraftError
 from app.engine.events import Finished, Started, Step
-from app.gguf.meta import GGUFError
+from app.engine.info import EngineInfo, ModelInfo
 from app.engine.llama import Context, Model, ModelLoadError, backend_name, check_model_file, devices
 from app.engine.policy import AdaptivePolicy, DraftPolicy, FixedPolicy, PassPolicy, PlainPolicy
 from app.engine.settings import MODES, GenerationSettings, LoadSettings
 from app.engine.speculative import TargetCache, generate
+from app.gguf import compat
+from app.gguf.meta import GGUFError
 
 __all__ = ["MODES", "Engine", "EngineError", "GenerationSettings", "IncompatibleDraftError", "LoadSettings"]
 
@@ -249,17 +248,18 @@ class Engine:
         return last
 
     # -- information --------------------------------------------------------------------------------
-    def info(self) -> dict[str, Any]:
+    def info(self) -> EngineInfo:
         """What is loaded, where, and how big (for the CLI, the status bar and bug reports)."""
-        out: dict[str, Any] = {
-            "backend": backend_name(),
-            "devices": [asdict(d) for d in devices()],
-            "n_ctx": self.n_ctx,
-            "target": _model_info(self.target, self._target_ctx),
-        }
+        draft = None
         if self.draft is not None and self._draft_ctx is not None:
-            out["draft"] = _model_info(self.draft, self._draft_ctx)
-        return out
+            draft = _model_info(self.draft, self._draft_ctx)
+        return EngineInfo(
+            backend=backend_name(),
+            devices=tuple(devices()),
+            n_ctx=self.n_ctx,
+            target=_model_info(self.target, self._target_ctx),
+            draft=draft,
+        )
 
     def close(self) -> None:
         for obj in (
@@ -278,15 +278,14 @@ class Engine:
         self.close()
 
 
-def _model_info(model: Model, ctx: Context) -> dict[str, Any]:
-    return {
-        "path": str(model.path),
-        "description": model.description(),
-        "size_bytes": model.size_bytes,
-        "n_params": model.n_params,
-        "n_layer": model.n_layer,
-        "n_vocab": model.n_vocab,
-        "offload": model.offload.describe(),
-        "layers_offloaded": model.offload.layers_offloaded,
-        "n_threads": ctx.n_threads,
-    }
+def _model_info(model: Model, ctx: Context) -> ModelInfo:
+    return ModelInfo(
+        path=str(model.path),
+        description=model.description(),
+        size_bytes=model.size_bytes,
+        n_params=model.n_params,
+        n_layer=model.n_layer,
+        n_vocab=model.n_vocab,
+        offload=model.offload,
+        n_threads=ctx.n_threads,
+    )

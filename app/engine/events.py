@@ -2,8 +2,70 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from enum import Enum
+
+
+class Source(str, Enum):
+    """Where a round's draft came from."""
+
+    NONE = "none"  # nothing was drafted
+    MODEL = "model"  # the draft model
+    LOOKUP = "lookup"  # prompt lookup: a copy of earlier text
+
+
+class Action(str, Enum):
+    """What was decided for a round."""
+
+    PLAIN = "plain"  # plain mode: no drafter
+    DRAFT = "draft"  # draft ``k`` tokens (fixed, adaptive or auto mode)
+    PROBE = "probe"  # auto: a short draft to re-measure whether drafting pays
+    MEASURE = "measure"  # auto: a round that measures a cost (plain decoding, or the draft model)
+    PAUSED = "paused"  # auto: verifying costs more than drafting saves on this machine
+    DECLINED = "declined"  # drafting would not pay now (auto: the draft on offer is ``Decision.declined``)
+    NO_MATCH = "no_match"  # nothing to draft from: prompt lookup found no match
+    NO_ROOM = "no_room"  # the token budget or the context leaves no room to draft
+
+
+class Policy(str, Enum):
+    """How the draft length is chosen."""
+
+    PLAIN = "plain"
+    FIXED = "fixed"  # always ``n_max`` (the draft may stop early on low confidence)
+    ADAPTIVE = "adaptive"  # from the recent acceptance rate
+    AUTO = "auto"  # auto mode: from measured costs and acceptance, per round
+
+
+@dataclass(frozen=True, slots=True)
+class Declined:
+    """A draft a source offered that auto mode did not use."""
+
+    source: Source
+    match: int  # prompt lookup: the length of the match the copy came from
+    losing: bool  # its class of draft delivered less than plain decoding lately (else: too likely to break)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Why a round drafted what it did: the choice, its source and the numbers behind it."""
+
+    action: Action
+    policy: Policy
+    source: Source = Source.NONE
+    k: int = 0  # draft length planned (0: plain decoding)
+    n_max: int = 0  # fixed and adaptive: the longest draft allowed
+    capped: bool = False  # fixed: ``k`` was cut short by the token budget or the context
+    recent_acceptance: float | None = None  # adaptive: the per-token acceptance it followed
+    match: int = 0  # prompt lookup: tokens of the context's end that matched where the copy came from
+    resumes_copy: bool = False  # prompt lookup: the match resumes the last copy after a small edit
+    copy_broke_at: int = 0  # prompt lookup: an earlier copy of this text broke at this token (1-based)
+    # draft model: the least sure the target was of its last few tokens; None when under ``sure_floor``
+    target_sure: float | None = None
+    sure_floor: float = 0.0
+    acceptance: float | None = None  # draft model: the acceptance per token auto mode expects
+    expected_speedup: float | None = None  # over plain decoding, as planned
+    measured_speedup: float | None = None  # what recent rounds of this kind delivered over plain ones
+    declined: Declined | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,8 +87,8 @@ class Step:
     n_drafted: int
     n_accepted: int
     k: int  # draft length the policy chose for this round (0 = plain decoding)
-    drafter: str  # "model", "lookup" or "none"
-    reason: str  # why the policy chose k
+    drafter: Source
+    decision: Decision  # why the round drafted what it did
     t_draft: float  # seconds drafting
     t_verify: float  # seconds in the target's batched evaluation
     t_round: float  # seconds for the whole round
@@ -136,8 +198,3 @@ class StatsBuilder:
 
 def _ratio(a: float, b: float) -> float:
     return float(a) / b if b else 0.0
-
-
-def merge_text(events: Iterable[object]) -> str:
-    """The reply text carried by a stream of events."""
-    return "".join(e.text for e in events if isinstance(e, Step))

@@ -12,13 +12,13 @@ import os
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
 import numpy as np
 
 from app.engine.errors import ContextFullError, DecodeError, LlamaError, ModelLoadError
+from app.engine.info import Device, Offload
 
 log = logging.getLogger("tandem.llama")
 log.addHandler(logging.NullHandler())  # llama.cpp's log is opt-in: never printed through lastResort
@@ -84,17 +84,6 @@ def supports_gpu_offload() -> bool:
 # --------------------------------------------------------------------------------------------------
 
 _DEVICE_KINDS = {0: "CPU", 1: "GPU", 2: "IGPU", 3: "ACCEL", 4: "META"}
-
-
-@dataclass(frozen=True)
-class Device:
-    """A ggml compute device (CPU, a CUDA GPU, Apple Metal, ...)."""
-
-    name: str
-    description: str
-    kind: str
-    memory_free: int
-    memory_total: int
 
 
 def _ggml_lib() -> ctypes.CDLL | None:
@@ -192,21 +181,6 @@ def check_model_file(path: str | os.PathLike[str]) -> Path:
     return p
 
 
-@dataclass(frozen=True)
-class OffloadReport:
-    """What a model load put on which device."""
-
-    n_gpu_layers_requested: int
-    layers_offloaded: int
-    layers_total: int
-    backend: str
-
-    def describe(self) -> str:
-        if self.layers_offloaded == 0:
-            return "CPU only"
-        return f"{self.layers_offloaded}/{self.layers_total} layers on {self.backend}"
-
-
 class Model:
     """A loaded GGUF model (``llama_model``) and its vocabulary."""
 
@@ -267,17 +241,16 @@ class Model:
         # tokens of the chat template and the end of a turn, never text a reply copies
         self.control_tokens: frozenset[int] = frozenset(control)
         self._pieces: dict[tuple[int, bool], bytes] = {}
-        self.offload = self._offload_report(int(n_gpu_layers), captured)
+        self.offload = self._offload_report(int(n_gpu_layers))
 
-    def _offload_report(self, requested: int, lines: list[str]) -> OffloadReport:
-        offloaded, total = 0, self.n_layer + 1
-        for line in lines:
-            if "offloaded" in line and "layers to GPU" in line:
-                frac = line.split("offloaded", 1)[1].split("layers", 1)[0].strip()
-                a, _, b = frac.partition("/")
-                if a.isdigit() and b.isdigit():
-                    offloaded, total = int(a), int(b)
-        return OffloadReport(requested, offloaded, total, backend_name() if offloaded else "CPU")
+    def _offload_report(self, requested: int) -> Offload:
+        """Where the layers went: llama.cpp offloads the last ``requested`` of the repeating layers and
+        the output layer (-1: all) when the build supports offload and a GPU is present."""
+        total = self.n_layer + 1
+        backend = backend_name()
+        if backend == "CPU" or not supports_gpu_offload() or requested == 0:
+            return Offload(requested, 0, total, "CPU")
+        return Offload(requested, total if requested < 0 else min(requested, total), total, backend)
 
     # -- metadata -----------------------------------------------------------------------------------
     def description(self) -> str:

@@ -6,11 +6,13 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
+from app.engine.events import Action, Decision, Policy
+
 
 @dataclass(frozen=True, slots=True)
 class Choice:
     k: int
-    reason: str
+    decision: Decision
 
 
 class DraftPolicy(Protocol):
@@ -27,7 +29,7 @@ class PlainPolicy:
     """Never draft: plain decoding through the same loop (the A/B baseline)."""
 
     def choose(self, limit: int) -> Choice:
-        return Choice(0, "plain decoding")
+        return Choice(0, Decision(Action.PLAIN, Policy.PLAIN))
 
     def observe(self, n_drafted: int, n_accepted: int) -> None:
         pass
@@ -37,7 +39,7 @@ class PassPolicy:
     """Hand the whole room to the drafter (auto mode's drafter chooses k itself)."""
 
     def choose(self, limit: int) -> Choice:
-        return Choice(limit, "auto")
+        return Choice(limit, Decision(Action.DRAFT, Policy.AUTO, k=limit))
 
     def observe(self, n_drafted: int, n_accepted: int) -> None:
         pass
@@ -51,7 +53,8 @@ class FixedPolicy:
 
     def choose(self, limit: int) -> Choice:
         k = min(self.n_max, limit)
-        return Choice(k, f"fixed n_max={self.n_max}" if k == self.n_max else f"capped at {k} by the context")
+        action = Action.DRAFT if k else Action.NO_ROOM
+        return Choice(k, Decision(action, Policy.FIXED, k=k, n_max=self.n_max, capped=k < self.n_max))
 
     def observe(self, n_drafted: int, n_accepted: int) -> None:
         pass
@@ -85,7 +88,8 @@ class AdaptivePolicy:
         a = min(max(self.acceptance, 0.01), 0.99)
         k = math.ceil(math.log(self.threshold) / math.log(a))
         k = max(self.n_min, min(self.n_max, k, limit))
-        return Choice(k, f"adaptive: recent acceptance {a:.0%}")
+        action = Action.DRAFT if k else Action.NO_ROOM if limit == 0 else Action.DECLINED
+        return Choice(k, Decision(action, Policy.ADAPTIVE, k=k, n_max=self.n_max, recent_acceptance=a))
 
     def observe(self, n_drafted: int, n_accepted: int) -> None:
         if n_drafted == 0:

@@ -64,3 +64,41 @@ class GenerationSettings:
             raise EngineError(f"max_tokens must be at least 1, not {self.max_tokens}")
         if any(not s for s in self.stop):
             raise EngineError("stop strings must not be empty")
+
+    @classmethod
+    def from_options(
+        cls,
+        mode: str = "auto",
+        *,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        min_p: float = 0.0,
+        repeat_penalty: float = 1.0,
+        seed: int | None = None,
+        max_tokens: int = 512,
+        n_max: int = 8,
+        n_min: int = 1,
+        p_min: float = 0.0,
+        adaptive: bool = True,
+        stop: tuple[str, ...] = (),
+    ) -> GenerationSettings:
+        """Settings from flat options, as the CLI, the app and the server take them (``n_min`` is
+        clamped to ``n_max``; a negative ``seed`` means a random one)."""
+        return cls(
+            mode=mode,
+            sampling=SamplingParams(
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                min_p=min_p,
+                repeat_penalty=repeat_penalty,
+                seed=None if seed is None or seed < 0 else seed,
+            ),
+            max_tokens=max_tokens,
+            n_max=n_max,
+            n_min=min(max(0, n_min), n_max),
+            p_min=p_min,
+            adaptive=adaptive,
+            stop=tuple(stop),
+        )

@@ -15,14 +15,15 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 from app.engine import sampling
-from app.engine.auto import Outcome
 from app.engine.chat import StopMatcher, Utf8Stream
-from app.engine.drafters import EMPTY, Drafter, Proposal, common_prefix
+from app.engine.drafting.base import EMPTY, Drafter, Outcome, Proposal, common_prefix
 from app.engine.errors import PromptTooLongError
-from app.engine.events import Finished, Started, StatsBuilder, Step
+from app.engine.events import Action, Decision, Finished, Policy, Started, StatsBuilder, Step
 from app.engine.llama import Context
 from app.engine.policy import Choice, DraftPolicy
 from app.engine.sampling import SamplingParams
+
+NO_DRAFTER = Choice(0, Decision(Action.PLAIN, Policy.PLAIN))
 
 
 class TargetCache:
@@ -144,7 +145,7 @@ def generate(
             t0, began = time.perf_counter(), time.monotonic()
             n = len(tokens)  # the pending token sits at position n - 1
             limit = max(0, min(max_tokens - (n - n_prompt) - 1, n_ctx - n))
-            choice = policy.choose(limit) if drafter is not None else Choice(0, "no drafter")
+            choice = policy.choose(limit) if drafter is not None else NO_DRAFTER
             proposal = drafter.propose(tokens, choice.k, params, rng) if drafter and choice.k else EMPTY
 
             t1 = time.perf_counter()
@@ -156,13 +157,12 @@ def generate(
             n_accepted = sum(from_draft)
             target.rollback(n + n_accepted)  # keep through the last accepted draft token
             policy.observe(len(proposal.tokens), n_accepted)
-            if drafter is not None and hasattr(drafter, "observe"):
+            if drafter is not None:
                 # how sure the target was of the last tokens it added (row j chose new[j])
-                want = getattr(drafter, "wants_target_confidence", 0)
-                floor = getattr(drafter, "target_confidence_floor", 0.0)
+                want = drafter.wants_target_confidence
                 last = new[-want:] if want else []
                 sure = tuple(
-                    sampling.top_probability(target.ctx.logits(j), floor)
+                    sampling.top_probability(target.ctx.logits(j), drafter.target_confidence_floor)
                     for j in range(len(new) - len(last), len(new))
                 )
                 drafter.observe(
@@ -179,6 +179,7 @@ def generate(
                 )
             t_verify = time.perf_counter() - t1
 
+            decision = proposal.decision or choice.decision
             text_parts: list[str] = []
             kept = 0
             for tok in new:
@@ -208,9 +209,9 @@ def generate(
                 from_draft=tuple(from_draft[: len(shown)]),
                 n_drafted=len(proposal.tokens),
                 n_accepted=n_accepted,
-                k=proposal.planned if proposal.planned >= 0 else choice.k,
+                k=decision.k,
                 drafter=proposal.source,
-                reason=proposal.reason or choice.reason,
+                decision=decision,
                 t_draft=t1 - t0,
                 t_verify=t_verify,
                 t_round=time.perf_counter() - t0,

@@ -8,9 +8,9 @@ from PySide6.QtCore import QPointF, QRectF, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QLinearGradient, QPainter, QPainterPath, QPen
 from PySide6.QtWidgets import QCheckBox, QFrame, QGridLayout, QLabel, QVBoxLayout, QWidget
 
-from app.engine.auto import PAUSED
 from app.ui.markdown import DRAFT_TINT
 from app.ui.metrics import ReplyMeter, Rolling
+from app.ui.wording import status_text
 
 ACCENT = QColor("#2f6fde")
 PAUSED_STYLE = "background: #fff4e0; color: #7a4b00;"
@@ -184,29 +184,9 @@ class GaugesPanel(QFrame):
         self.speedup.set(
             f"{sp:.2f}×" if sp else "–", "vs plain decoding" if sp else "plain cost not measured yet"
         )
-        self.status.setText(self._status_text(meter, backend, mode))
+        self.status.setText(status_text(meter, backend, mode))
         # (a per-widget style sheet: QStyle.polish/unpolish corrupt refcounts in PySide6 6.12)
         self.status.setStyleSheet(PAUSED_STYLE if meter.paused else "")
-
-    @staticmethod
-    def _status_text(meter: ReplyMeter, backend: str, mode: str) -> str:
-        if meter.paused:
-            where = f"this {backend}" if backend else "this machine"
-            text = "Drafting paused: " + PAUSED.split(": ", 1)[1].replace("this machine", where)
-            _, _, lookup = meter.last_reason.partition("; ")  # what prompt lookup found, if anything
-            return f"{text} ({lookup})." if lookup else text + "."
-        if not meter.rounds:
-            return ""
-        if mode == "plain":
-            return "Plain decoding (speculation is off)."
-        if not meter.draft_source:
-            reason = meter.last_reason
-            return f"Not drafting: {reason}." if reason else "Not drafting."
-        names = {"model": "the draft model", "lookup": "prompt lookup"}
-        source = names.get(meter.draft_source, meter.draft_source)
-        text = f"Drafting with {source}, up to {meter.draft_k} tokens a round"
-        reason = meter.draft_reason
-        return f"{text} ({reason})." if reason and not reason.startswith("fixed") else text + "."
 
 
 def _pct(x: float | None) -> str:

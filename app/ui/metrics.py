@@ -14,8 +14,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from app.engine.auto import is_paused
-from app.engine.events import Finished, Started, Step
+from app.engine import Action, Decision, Finished, Source, Started, Step
 
 RATE_WINDOW = 8  # rounds in the moving window of the tokens/s plot
 ROLLING_REPLIES = 10
@@ -66,12 +65,8 @@ class ReplyMeter:
     rounds_drafted: int = 0
     t_decode: float = 0.0  # sum of t_round
     rates: list[tuple[float, float]] = field(default_factory=list)  # (decode time, tokens/s) plot
-    last_reason: str = ""
-    last_drafter: str = ""
-    last_k: int = 0
-    draft_source: str = ""  # drafter, k and reason of the last round that drafted
-    draft_k: int = 0
-    draft_reason: str = ""
+    last: Decision | None = None  # the last round's decision
+    drafted: Decision | None = None  # the decision of the last round that drafted
     draft_spans: list[tuple[int, int]] = field(default_factory=list)  # character ranges of draft text
     n_chars: int = 0
     finished: Finished | None = None
@@ -104,9 +99,9 @@ class ReplyMeter:
         t = sum(dt for _, dt in self._window)
         if t > 0 and len(self._window) >= min(RATE_WINDOW, 4):  # a single round's rate is mostly noise
             self.rates.append((self.t_decode, sum(k for k, _ in self._window) / t))
-        self.last_reason, self.last_drafter, self.last_k = step.reason, step.drafter, step.k
+        self.last = step.decision
         if step.n_drafted:
-            self.draft_source, self.draft_k, self.draft_reason = step.drafter, step.k, step.reason
+            self.drafted = step.decision
 
     def finish(self, fin: Finished) -> None:
         self.finished = fin
@@ -139,7 +134,12 @@ class ReplyMeter:
 
     @property
     def paused(self) -> bool:
-        return is_paused(self.last_reason)
+        return self.last is not None and self.last.action is Action.PAUSED
+
+    @property
+    def draft_source(self) -> Source:
+        """Where the last round that drafted got its draft (``Source.NONE``: none has)."""
+        return self.drafted.source if self.drafted is not None else Source.NONE
 
     def to_stats(self) -> dict:
         """What is saved with the message (the engine's Stats plus what the UI measured)."""

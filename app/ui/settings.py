@@ -8,8 +8,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from app.engine.sampling import SamplingParams
-from app.engine.settings import GenerationSettings, LoadSettings
+from app.engine import GenerationSettings, LoadSettings
 
 log = logging.getLogger("tandem.ui")
 
@@ -56,20 +55,17 @@ class AppSettings:
         mode = self.mode
         if mode == "speculative" and not has_draft:
             mode = "auto"
-        n_max = max(1, self.n_max)
-        return GenerationSettings(
-            mode=mode,
-            sampling=SamplingParams(
-                temperature=self.temperature,
-                top_k=self.top_k,
-                top_p=self.top_p,
-                min_p=self.min_p,
-                repeat_penalty=self.repeat_penalty,
-                seed=None if self.seed < 0 else self.seed,
-            ),
+        return GenerationSettings.from_options(
+            mode,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            min_p=self.min_p,
+            repeat_penalty=self.repeat_penalty,
+            seed=self.seed,
             max_tokens=max(1, self.max_tokens),
-            n_max=n_max,
-            n_min=min(max(0, self.n_min), n_max),
+            n_max=max(1, self.n_max),
+            n_min=self.n_min,
             p_min=self.p_min,
             adaptive=self.adaptive,
         )

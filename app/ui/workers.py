@@ -20,9 +20,15 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Qt, Signal, Slot
 
-from app.engine.client import EngineClient, EngineCrashedError
-from app.engine.events import Finished, Started, Step
-from app.engine.settings import GenerationSettings, LoadSettings
+from app.engine import (
+    EngineClient,
+    EngineCrashedError,
+    Finished,
+    GenerationSettings,
+    LoadSettings,
+    Started,
+    Step,
+)
 
 log = logging.getLogger("tandem.ui")
 
@@ -42,7 +48,7 @@ class EngineWorker(QObject):
 
     loadStarted = Signal(object)  # LoadSettings
     loadProgress = Signal(str, float)  # stage ("target", "draft", "restart"), fraction
-    loaded = Signal(dict)  # the engine's info()
+    loaded = Signal(object)  # EngineInfo
     loadFailed = Signal(str)
     started = Signal(object)  # Started
     steps = Signal(list)  # list[Step], coalesced
@@ -236,6 +242,5 @@ def _describe(e: BaseException) -> str:
     """A readable one-paragraph description of an engine error."""
     text = str(e) or type(e).__name__
     if isinstance(e, EngineCrashedError):
-        first = text.split("; its last log lines:")[0]
-        return f"The engine stopped: {first}."
+        return f"The engine stopped: {e.what}."
     return text

@@ -43,8 +43,8 @@ from app.engine.errors import (
     PromptTooLongError,
 )
 from app.engine.events import Finished, Started, Step
-from app.gguf.meta import GGUFError
-from app.engine.protocol import (
+from app.engine.info import EngineInfo, EngineStatus
+from app.engine.process.protocol import (
     Crash,
     Done,
     Error,
@@ -66,6 +66,7 @@ from app.engine.protocol import (
 )
 from app.engine.sampling import SamplingError
 from app.engine.settings import GenerationSettings, LoadSettings
+from app.gguf.meta import GGUFError
 
 log = logging.getLogger("tandem.client")
 
@@ -83,8 +84,10 @@ class EngineCrashedError(RuntimeError):
         signal_name: str | None = None,
         log_tail: Sequence[str] = (),
         python_traceback: str = "",
+        what: str = "",
     ):
         super().__init__(message)
+        self.what = what or message  # what happened, in one line (without the log lines)
         self.exitcode = exitcode
         self.signal_name = signal_name
         self.log_tail = list(log_tail)
@@ -145,7 +148,7 @@ _DEAD = object()  # queued to waiting calls when the host process is gone
 
 def _host_main(*args: Any) -> None:
     """The engine process's entry point. Imported lazily: llama.cpp is loaded in the child only."""
-    from app.engine.host import main
+    from app.engine.process.host import main
 
     main(*args)
 
@@ -359,14 +362,14 @@ class _Host:
             what = f"stopped responding {during}"
         else:
             what = f"exited unexpectedly with code {code} {during}"
-        message = f"the engine process (pid {self.process.pid}) {what}"
+        message = summary = f"the engine process (pid {self.process.pid}) {what}"
         if tail:
             message += "; its last log lines:\n  " + "\n  ".join(tail)
         try:
             traceback_text = Path(self.fault_path).read_text(encoding="utf-8", errors="replace")
         except OSError:
             traceback_text = ""
-        return EngineCrashedError(message, code, name, tail, traceback_text)
+        return EngineCrashedError(message, code, name, tail, traceback_text, summary)
 
 
 def _relog(msg: Log) -> None:
@@ -466,7 +469,7 @@ class EngineClient:
 
     close = shutdown
 
-    def restart(self, progress: ProgressCallback | None = None) -> dict[str, Any] | None:
+    def restart(self, progress: ProgressCallback | None = None) -> EngineInfo | None:
         """Start a fresh engine process and re-load the last loaded settings; returns their info."""
         with self._lifecycle:
             settings = self._settings
@@ -537,7 +540,7 @@ class EngineClient:
         return next(self._ids)
 
     # -- requests -----------------------------------------------------------------------------------
-    def load(self, settings: LoadSettings, progress: ProgressCallback | None = None) -> dict[str, Any]:
+    def load(self, settings: LoadSettings, progress: ProgressCallback | None = None) -> EngineInfo:
         """Load a target (and draft), replacing the loaded pair; blocks until loaded and returns its info.
 
         ``progress(stage, fraction)`` is called in this thread; stage is "target" or "draft".
@@ -614,7 +617,7 @@ class EngineClient:
         assert isinstance(reply, Tokens)
         return list(reply.tokens)
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> EngineStatus:
         """What is loaded, where, and how big (answered even while a reply is being generated)."""
         host = self._ready()
         reply = self._call(host, Info(request_id=self._request_id()), "while answering info")
@@ -662,7 +665,7 @@ class EngineClient:
 
 def _crash_fields(err: Exception) -> tuple[Any, ...]:
     if isinstance(err, EngineCrashedError):
-        return (err.exitcode, err.signal_name, err.log_tail, err.python_traceback)
+        return (err.exitcode, err.signal_name, err.log_tail, err.python_traceback, err.what)
     return ()
 
 

@@ -1,4 +1,4 @@
-"""Messages between :class:`~app.engine.client.EngineClient` and the engine host process.
+"""Messages between :class:`~app.engine.process.client.EngineClient` and the engine host process.
 
 Every message is a small frozen (picklable) dataclass sent over a ``multiprocessing`` pipe. Requests go
 client -> host; replies go host -> client and carry the ``request_id`` of the request they answer
@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from app.engine.events import Finished, Started, Step
+from app.engine.info import EngineInfo, EngineStatus
 from app.engine.settings import GenerationSettings, LoadSettings
 
 CrashKind = Literal["abort", "segfault", "exit"]
@@ -112,7 +113,7 @@ class LoadProgress(Reply):
 class Loaded(Reply):
     """The models are loaded; ``info`` is ``Engine.info()``."""
 
-    info: dict[str, Any]
+    info: EngineInfo
 
 
 @dataclass(frozen=True)
@@ -141,9 +142,9 @@ class Tokens(Reply):
 
 @dataclass(frozen=True)
 class InfoReply(Reply):
-    """``Engine.info()`` plus ``loaded``, ``pid`` and ``generating``."""
+    """The host's status: what is loaded, its pid, whether it is generating."""
 
-    info: dict[str, Any]
+    info: EngineStatus
 
 
 @dataclass(frozen=True)

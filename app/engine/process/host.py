@@ -1,7 +1,7 @@
 """The engine host: the child process that owns the :class:`Engine` (and so every llama.cpp handle).
 
-Started by :class:`~app.engine.client.EngineClient` with the multiprocessing *spawn* context; the entry
-point :func:`main` is a top-level function so it also works in a frozen (PyInstaller) app. A native
+Started by :class:`~app.engine.process.client.EngineClient` with the multiprocessing *spawn* context;
+the entry point :func:`main` is a top-level function so it also works in a frozen (PyInstaller) app. A native
 crash here (GGML_ASSERT -> abort, a segfault, the OOM killer) kills only this process.
 
 The host serves one request at a time from the request pipe. While it generates, it polls the pipe
@@ -27,7 +27,8 @@ from app import __version__
 from app.engine import llama
 from app.engine.engine import Engine, EngineError
 from app.engine.events import Finished
-from app.engine.protocol import (
+from app.engine.info import EngineStatus
+from app.engine.process.protocol import (
     CRASH_KINDS,
     Crash,
     Done,
@@ -102,7 +103,7 @@ class _ForwardHandler(logging.Handler):
 
 
 class Host:
-    """Owns one :class:`Engine` and answers :mod:`~app.engine.protocol` requests."""
+    """Owns one :class:`Engine` and answers :mod:`~app.engine.process.protocol` requests."""
 
     def __init__(self, requests: Connection, replies: Connection, cancel: Any):
         self.requests = requests
@@ -148,7 +149,7 @@ class Host:
             elif isinstance(request, Tokenize):
                 self._tokenize(request)
             elif isinstance(request, Info):
-                self.send(InfoReply(self._info(), request_id=request.request_id))
+                self.send(InfoReply(self._status(), request_id=request.request_id))
             elif isinstance(request, Unload):
                 self._refuse_while_generating("unload the model")
                 self._close_engine()
@@ -197,7 +198,7 @@ class Host:
         for stage in ("target", "draft") if request.settings.draft else ("target",):
             if last.get(stage, 0.0) < 1.0:  # llama.cpp may stop short of 1.0: end each stage there
                 self.send(LoadProgress(stage, 1.0, request_id=request.request_id))
-        self.send(Loaded(self._info(), request_id=request.request_id))
+        self.send(Loaded(self.engine.info(), request_id=request.request_id))
 
     def _generate(self, request: Generate) -> None:
         if self.generating:
@@ -228,13 +229,10 @@ class Host:
             tokens = engine.tokenize(request.text)
         self.send(Tokens(tokens, engine.n_ctx, request_id=request.request_id))
 
-    def _info(self) -> dict[str, Any]:
-        if self.engine is not None:
-            out = {"loaded": True, **self.engine.info()}
-        else:
-            out = {"loaded": False, "backend": llama.backend_name()}
-        out.update(pid=os.getpid(), generating=self.generating)
-        return out
+    def _status(self) -> EngineStatus:
+        engine = self.engine.info() if self.engine is not None else None
+        backend = engine.backend if engine is not None else llama.backend_name()
+        return EngineStatus(os.getpid(), self.generating, backend, engine)
 
     def _close_engine(self) -> None:
         engine, self.engine = self.engine, None

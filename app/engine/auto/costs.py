@@ -1,0 +1,155 @@
+"""What a round's parts cost, measured online: the target's verify cost by batch size, the draft's cost
+per token, and what rounds of each kind actually delivered."""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from typing import Protocol
+
+
+class CostModel(Protocol):
+    """Seconds a round's parts cost (measured, or synthetic in tests)."""
+
+    def verify(self, batch: int) -> float | None:
+        """The target's seconds to evaluate a batch of ``batch`` tokens (None: not known yet)."""
+        ...
+
+    def draft_step(self) -> float | None:
+        """The draft model's seconds per drafted token (None: not known yet)."""
+        ...
+
+    def observe_verify(self, batch: int, seconds: float) -> None: ...
+
+    def observe_draft(self, n_tokens: int, seconds: float) -> None: ...
+
+
+class Window:
+    """Recent samples; their median resists the spikes a busy machine puts into timings."""
+
+    __slots__ = ("_median", "samples")
+
+    def __init__(self, size: int):
+        self.samples: deque[float] = deque(maxlen=size)
+        self._median: float | None = None
+
+    def add(self, x: float) -> None:
+        self.samples.append(x)
+        self._median = None
+
+    @property
+    def n(self) -> int:
+        return len(self.samples)
+
+    @property
+    def value(self) -> float:
+        if self._median is None:  # read every round, changed by few: computed once per change
+            self._median = statistics.median(self.samples)
+        return self._median
+
+
+class MeasuredCosts:
+    """Online estimates of the target's verify cost by batch size and the draft's cost per token.
+
+    A shared machine speeds up and slows down; the cost of a batch *relative to one decode step*
+    measured at about the same time depends mostly on the model and the hardware, and moves much
+    less (every drafted round updates it). So
+    one decode step's cost is tracked as the median of recent plain rounds, every other batch size
+    (and the draft's step) as the median of its recent ratios to it, and an estimate is the two
+    multiplied. Unmeasured batch sizes are interpolated between the nearest measured ones; past the
+    largest, its mean slope from one token continues (with only one size measured, a prior slope:
+    the relative cost of each extra batch token, CPU-like by default).
+    """
+
+    def __init__(self, *, prior_slope: float = 0.35, window: int = 15):
+        self.prior_slope = prior_slope
+        self.window = window
+        self._step = Window(window)  # seconds for a batch of 1
+        self._ratio: dict[int, Window] = {}  # batch size -> its cost / one step's
+        self._draft = Window(window)  # the draft's seconds per token / one target step's
+        self._pending: list[tuple[int, float]] = []  # samples taken before any step was timed
+        self._cache: dict[int, float | None] = {}
+        self._known: dict[int, float] | None = None  # batch size -> median ratio, until a change
+
+    def observe_verify(self, batch: int, seconds: float) -> None:
+        self._cache.clear()
+        self._known = None
+        if batch <= 1:
+            self._step.add(seconds)
+            pending, self._pending = self._pending, []
+            for b, t in pending:
+                self._add_relative(b, t)
+        else:
+            self._add_relative(batch, seconds)
+
+    def _add_relative(self, batch: int, seconds: float) -> None:
+        if not self._step.n:
+            self._pending.append((batch, seconds))
+            return
+        step = self._step.value
+        if batch == 0:
+            self._draft.add(seconds / step)
+        else:
+            self._ratio.setdefault(batch, Window(self.window)).add(seconds / step)
+
+    def observe_draft(self, n_tokens: int, seconds: float) -> None:
+        if n_tokens > 0:
+            self._cache.clear()
+            self._add_relative(0, seconds / n_tokens)  # batch 0: the draft's step
+
+    def ratio(self, batch: int) -> float:
+        """A batch's cost relative to one decode step (1.0 for a batch of 1)."""
+        if batch <= 1:
+            return 1.0
+        if self._known is None:
+            self._known = {b: w.value for b, w in self._ratio.items() if w.n}
+        known = self._known
+        if batch in known:
+            return known[batch]
+        below = max((b for b in known if b < batch), default=1)
+        above = min((b for b in known if b > batch), default=None)
+        r_below = known.get(below, 1.0)
+        if above is not None:
+            return r_below + (known[above] - r_below) * (batch - below) / (above - below)
+        slope = (r_below - 1.0) / (below - 1) if below > 1 else self.prior_slope
+        return r_below + max(slope, 0.0) * (batch - below)
+
+    def verify(self, batch: int) -> float | None:
+        if not self._step.n:
+            return None
+        if batch not in self._cache:
+            self._cache[batch] = self._step.value * self.ratio(batch)
+        return self._cache[batch]
+
+    def draft_step(self) -> float | None:
+        if not self._draft.n or not self._step.n:
+            return None
+        return self._draft.value * self._step.value
+
+    def samples(self, batch: int) -> int:
+        """How many timings the estimate for a batch of ``batch`` rests on (0: interpolated)."""
+        if batch <= 1:
+            return self._step.n
+        w = self._ratio.get(batch)
+        return w.n if w is not None else 0
+
+
+class Realized:
+    """Tokens per second that recent rounds of one kind actually delivered (pooled, not averaged)."""
+
+    __slots__ = ("rounds",)
+
+    def __init__(self, size: int):
+        self.rounds: deque[tuple[int, float]] = deque(maxlen=size)
+
+    def add(self, tokens: int, seconds: float) -> None:
+        if seconds > 0:
+            self.rounds.append((tokens, seconds))
+
+    @property
+    def n(self) -> int:
+        return len(self.rounds)
+
+    def rate(self) -> float:
+        seconds = sum(s for _, s in self.rounds)
+        return sum(n for n, _ in self.rounds) / seconds if seconds else 0.0

@@ -1,0 +1,60 @@
+"""Auto mode's measured priors and constants.
+
+Each value was measured on the benchmark's replies (Qwen2.5-Coder 1.5B + 0.5B) or replayed with
+``bench.replay``; ``docs/benchmarks.md`` ("Auto mode's measured constants") gives the figures behind
+each. Evidence learned online overrides the priors; the rest bound how fast it is learned.
+"""
+
+from __future__ import annotations
+
+# Prompt lookup, by the length of the match a draft was copied from: (shortest match, prior where the
+# target has been sure of the last tokens, prior where it has not). Each prior is (first token, each
+# later token given the ones before it were accepted): a copy goes on, a coincidence fails at once.
+LOOKUP_CLASSES = (
+    (0, (0.5, 0.85), (0.45, 0.7)),
+    (3, (0.85, 0.78), (0.65, 0.68)),
+    (6, (0.85, 0.8), (0.75, 0.8)),
+    (9, (0.9, 0.93), (0.9, 0.93)),
+)
+# A short match on the diagonal of the last accepted copy (give or take RESUME_SHIFT tokens) resumes
+# that copy after a small edit; it is judged in a class of its own.
+RESUME = len(LOOKUP_CLASSES)
+RESUME_PRIOR = (0.75, 0.85)
+RESUME_SHIFT = 2  # tokens the edit may have inserted or deleted
+RESUME_BELOW = LOOKUP_CLASSES[2][0]  # matches this long are judged as copies in their own right
+RELAX = 0.995  # per round: evidence by class fades toward the prior (re-tries a class in time)
+RELAX_EVERY = 8  # rounds between two fadings (by RELAX to that power)
+
+# The draft model, by the least sure the target was of its last CONFIDENCE_WINDOW tokens: (lowest
+# target confidence, prior acceptance per token). Where the target was sure, the draft agrees.
+MODEL_CLASSES = ((0.0, 0.75), (0.9, 0.88), (0.99, 0.97))
+CONFIDENCE_WINDOW = 3
+# Below the lowest class threshold the loop may report an upper bound from the two largest logits
+# (no pass of exp over the vocabulary): the class is the same.
+CONFIDENCE_FLOOR = min(c for c, _ in MODEL_CLASSES if c > 0)
+
+# A batch size timed fewer than EXPLORE_SAMPLES times is planned EXPLORE cheaper, so one slow timing
+# cannot make a size look dear for good.
+EXPLORE = 0.1
+EXPLORE_SAMPLES = 3
+# Prompt lookup in a reply: positions not yet drafted follow the deepest position drafted this often.
+BORROW_TRIALS = 2
+PROBE_HOPE = 0.5  # a probe hopes for its class's acceptance this far on the way to 1
+PROBE_K = 2  # a probe drafts this many tokens at most; its own round is part of its price
+# Prompt lookup's drafts cost nothing to make: their length is bounded by what verifying them costs.
+LOOKUP_MAX = 15
+# The first draft of a class of copy in a reply copies at most this many tokens: a long draft failing
+# at its first token costs a whole batch.
+FIRST_LOOKUP = 3
+# A copied token from where this reply once departed from a copy of itself is judged at the rate such
+# tokens held (this prior, as if seen BREAK_WEIGHT times, until the reply has its own evidence).
+BREAK_PRIOR = 0.2
+BREAK_WEIGHT = 2.0
+HORIZON = 256  # tokens of a reply counted on when spreading a catch-up of the draft
+# Once a reply has had SERVED_RUNS runs of model rounds, a catch-up is spread over no more rounds
+# than the median of its last SERVED_RUNS.
+SERVED_RUNS = 2
+TOKENS_PER_ROUND = 3.0  # about what a drafted round delivers, for counting rounds left
+# The rest of a reply is expected to be as long as the reply so far, at least REPLY_MIN tokens and at
+# most the token budget: a catch-up or a probe must pay itself back within it.
+REPLY_MIN = 16

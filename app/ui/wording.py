@@ -1,0 +1,91 @@
+"""The app's words for the engine's decisions (the engine reports them as data; no Qt here)."""
+
+from __future__ import annotations
+
+from app.engine import Action, Decision, Declined, Policy, Source
+from app.ui.metrics import ReplyMeter
+
+SOURCE_NAMES = {Source.MODEL: "the draft model", Source.LOOKUP: "prompt lookup", Source.NONE: "nothing"}
+
+
+def describe_declined(d: Declined) -> str:
+    """A draft auto mode did not use, e.g. "prompt lookup: a 2-token match, too likely to break to pay"."""
+    why = "losing lately" if d.losing else "too likely to break to pay"
+    return f"prompt lookup: a {d.match}-token match, {why}"
+
+
+def _speedups(d: Decision) -> str:
+    parts = []
+    if d.expected_speedup is not None:
+        parts.append(f"{d.expected_speedup:.2f}x expected")
+    if d.measured_speedup is not None:
+        parts.append(f"{d.measured_speedup:.2f}x lately")
+    return ", ".join(parts)
+
+
+def _drafting(d: Decision) -> str:
+    if d.policy is Policy.FIXED:
+        return f"capped at {d.k} by the context" if d.capped else f"fixed n_max={d.n_max}"
+    if d.policy is Policy.ADAPTIVE:
+        acc = d.recent_acceptance
+        return f"adaptive: recent acceptance {acc:.0%}" if acc is not None else "adaptive"
+    if d.source is Source.LOOKUP:
+        text = f"prompt lookup: {d.match}-token match"
+        if d.resumes_copy:
+            text += ", resuming the copy"
+        if d.copy_broke_at:
+            text += f", copy broke at token {d.copy_broke_at} before"
+    else:
+        sure = f"{d.target_sure:.0%}" if d.target_sure is not None else f"under {d.sure_floor:.0%}"
+        text = f"draft model: target {sure} sure"
+        if d.acceptance is not None:
+            text += f", {d.acceptance:.0%} acceptance"
+    speed = _speedups(d)
+    return f"{text}, {speed}" if speed else text
+
+
+def describe_decision(d: Decision, where: str = "this machine") -> str:
+    """Why a round drafted what it did, in a few words (no final period)."""
+    a = d.action
+    if a is Action.DRAFT:
+        text = _drafting(d)
+    elif a is Action.PLAIN:
+        text = "plain decoding"
+    elif a is Action.NO_ROOM:
+        text = "no room to draft"
+    elif a is Action.NO_MATCH:
+        text = "no n-gram match"
+    elif a is Action.MEASURE:
+        text = "measuring the draft model" if d.source is Source.MODEL else "measuring plain decoding"
+    elif a is Action.PROBE:
+        text = "probing: re-measuring whether drafting pays"
+    elif a is Action.PAUSED:
+        text = f"drafting paused: verifying costs more than it saves on {where}"
+    elif d.declined is not None:  # DECLINED, with what was on offer
+        return describe_declined(d.declined)
+    else:
+        acc = d.recent_acceptance
+        return f"not drafting: recent acceptance {acc:.0%}" if acc is not None else "not drafting"
+    if d.declined is not None:
+        text += f"; {describe_declined(d.declined)}"
+    return text
+
+
+def status_text(meter: ReplyMeter, backend: str, mode: str) -> str:
+    """The gauges' one-line status for the reply so far."""
+    last = meter.last
+    if meter.paused and last is not None:
+        where = f"this {backend}" if backend else "this machine"
+        text = f"Drafting paused: verifying costs more than it saves on {where}"
+        return f"{text} ({describe_declined(last.declined)})." if last.declined else text + "."
+    if not meter.rounds or last is None:
+        return ""
+    if mode == "plain":
+        return "Plain decoding (speculation is off)."
+    drafted = meter.drafted
+    if drafted is None:
+        return f"Not drafting: {describe_decision(last)}."
+    text = f"Drafting with {SOURCE_NAMES[drafted.source]}, up to {drafted.k} tokens a round"
+    if drafted.policy is Policy.FIXED and not drafted.capped:
+        return text + "."
+    return f"{text} ({describe_decision(drafted)})."
