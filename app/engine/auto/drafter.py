@@ -130,11 +130,7 @@ class AutoDrafter:
         # (class, sureness, diagonal, context index where it starts, the copy). What drafting it
         # would have got (at temperature 0 exactly what verifying it would have accepted) counts as
         # this reply's evidence for its class, and a copy that held is the copy an edit resumes.
-        # Without it a class whose prior does not pay is never drafted, so never learned: on an AMD
-        # EPYC (a batch of 3 costs 2.3-2.7 steps) a JSON reply drafted nothing past its first
-        # records. Replayed in six orders with three cost tables measured there: all 1.010x ->
-        # 1.021-1.026x, structured 1.000-1.101x -> 1.089-1.149x, code_edit 1.006-1.041x ->
-        # 1.069-1.127x; with the Xeon's, 1.1671x -> 1.1675x.
+        # Without it a class whose prior does not pay is never drafted, so never learned.
         self._undrafted: tuple[int, int, int, int, tuple[int, ...]] | None = None
         self._lookup_round = (0, 0)  # the class and diagonal of the lookup round being verified
         self._sure = 0  # whether the target was sure of the last tokens when this round was planned
@@ -419,8 +415,7 @@ class AutoDrafter:
         replies); and the rounds expected before prompt lookup drafts again (one in 1 / its share of
         this reply's recent rounds), which leaves the draft behind as plain decoding does. In a JSON
         reply or a code edit where copies and model rounds take turns, each model round needs its
-        own catch-up: replayed (``bench.replay``, six orders), charging it so made ``code_edit``
-        1.400x -> 1.487x and all 1.162x -> 1.176x.
+        own catch-up.
         """
         # up to 2 are a drafted round's own (its last draft token and the target's), the rest is lag
         behind = self.model.pending(tokens) - 2 if self.model is not None else 0
