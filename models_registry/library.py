@@ -19,7 +19,7 @@ from huggingface_hub import scan_cache_dir
 from huggingface_hub.errors import CacheNotFound
 
 from .catalog import Catalog, default_catalog
-from .hub import hub_cache_dir
+from .hf_cache import hub_cache_dir
 
 __all__ = [
     "LibraryError",

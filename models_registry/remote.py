@@ -13,15 +13,17 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx2
 from huggingface_hub.errors import HfHubHTTPError
-from huggingface_hub.utils import get_session, hf_raise_for_status
+from huggingface_hub.utils import get_session, hf_raise_for_status, httpx
 
 from app.gguf.compat import Compatibility, check_compatible
 from app.gguf.meta import GGUFMetadata, read_metadata, read_metadata_file
 
 from .catalog import CatalogError, validate_filename, validate_repo_id
-from .hub import RemoteFileInfo, RetryPolicy, TransferError, _explain, _has_token, resolve_file
+from .hub_errors import TransferError, explain_error
+from .hub_settings import has_token
+from .resolve import RemoteFileInfo, resolve_file
+from .retry import RetryPolicy, is_transient
 
 __all__ = [
     "DEFAULT_MAX_METADATA_BYTES",
@@ -40,6 +42,8 @@ __all__ = [
 DEFAULT_MAX_METADATA_BYTES = 64 * 1024 * 1024
 FIRST_CHUNK = 1024 * 1024
 MAX_CHUNK = 8 * 1024 * 1024
+#: HTTP statuses a range read retries (unlike a download, not 408).
+_RANGE_RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 
 _HF_REF = re.compile(r"^hf://(?P<owner>[^/@]+)/(?P<name>[^/@]+)/(?P<path>[^@]+?)(?:@(?P<rev>[^@]+))?$")
 
@@ -144,21 +148,19 @@ class RangeReader(io.RawIOBase):
         while True:
             try:
                 r = get_session().get(
-                    self.info.location, headers=headers, follow_redirects=True,
-                    timeout=httpx2.Timeout(self._policy.stall_timeout, connect=self._policy.connect_timeout),
-                )  # fmt: skip
+                    self.info.location, headers=headers, follow_redirects=True, timeout=self._policy.timeout()
+                )
                 self.requests += 1
                 hf_raise_for_status(r)
                 data = r.content
                 break
-            except (httpx2.TransportError, HfHubHTTPError) as e:
+            except (httpx.TransportError, HfHubHTTPError) as e:
                 failures += 1
-                retry = isinstance(e, httpx2.TransportError) or (
-                    e.response is not None and e.response.status_code in (429, 500, 502, 503, 504)
-                )
-                if not retry or failures > self._policy.metadata_retries:
+                if not is_transient(e, _RANGE_RETRY_STATUSES) or failures > self._policy.metadata_retries:
                     i = self.info
-                    raise _explain(e, i.repo_id, i.filename, i.revision, has_token=_has_token(None)) from None
+                    raise explain_error(
+                        e, i.repo_id, i.filename, i.revision, has_token=has_token(None)
+                    ) from None
         self.bytes_fetched += len(data)
         if r.status_code == 200:
             # the server ignored Range: keep only what we asked for (and count the waste above)
@@ -235,7 +237,7 @@ def check_pair(
 ) -> Compatibility:
     """`check_compatible` on two models, each a local path or an ``hf://`` reference (nothing big fetched).
 
-    Raises `hub.HubError` (remote trouble), `ValueError` (bad reference) or a `GGUFError` (bad file).
+    Raises `HubError` (remote trouble), `ValueError` (bad reference) or a `GGUFError` (bad file).
     """
     t, _ = read_ref_metadata(target, **kwargs)
     d, _ = read_ref_metadata(draft, **kwargs)
