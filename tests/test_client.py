@@ -12,10 +12,10 @@ import time
 import psutil
 import pytest
 
+from app.engine import EngineClient, EngineCrashedError
 from app.engine.engine import Engine, EngineError, GenerationSettings, IncompatibleDraftError, LoadSettings
 from app.engine.events import Finished, Started, Step
 from app.engine.llama import ModelLoadError
-from app.engine.process.client import EngineClient, EngineCrashedError
 from app.engine.speculative import PromptTooLongError
 
 pytestmark = pytest.mark.timeout(60)

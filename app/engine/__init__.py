@@ -15,7 +15,8 @@ from app.engine.errors import (
 )
 from app.engine.events import Action, Decision, Declined, Finished, Policy, Source, Started, Stats, Step
 from app.engine.info import Device, EngineInfo, EngineStatus, ModelInfo, Offload
-from app.engine.process.client import EngineClient, EngineCrashedError, GenerationStream, RemoteError
+from app.engine.process.client import EngineClient, GenerationStream
+from app.engine.process.errors import EngineCrashedError, RemoteError
 from app.engine.sampling import SamplingError, SamplingParams
 from app.engine.settings import MODES, GenerationSettings, LoadSettings
 
