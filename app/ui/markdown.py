@@ -9,7 +9,6 @@ past them, and their HTML is cached.
 from __future__ import annotations
 
 import functools
-import html
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,6 +18,8 @@ from pygments import highlight
 from pygments.formatters import HtmlFormatter
 from pygments.lexers import get_lexer_by_name, guess_lexer
 from pygments.util import ClassNotFound
+
+from app.ui.richtext import escape
 
 CHUNK_CHARS = 600  # a prose chunk may end at the first paragraph break after this many characters
 CODE_STYLE = "friendly"
@@ -139,11 +140,6 @@ def _lexer_for(lang: str):
         return None
 
 
-def code_lexer_name(code: str, lang: str) -> str:
-    """The language label shown above a code block."""
-    return lang or "text"
-
-
 @functools.lru_cache(maxsize=256)
 def render_code(code: str, lang: str = "") -> str:
     """Syntax-highlighted HTML (inline styles) for a code block, wrapped in a ``<pre>``."""
@@ -154,7 +150,7 @@ def render_code(code: str, lang: str = "") -> str:
         except ClassNotFound:
             lexer = None
     if lexer is None:
-        body = html.escape(code)
+        body = escape(code)
     else:
         body = highlight(code, lexer, _formatter)
         if body.endswith("\n") and not code.endswith("\n"):
@@ -171,13 +167,13 @@ def draft_html(text: str, spans: Sequence[tuple[int, int]]) -> str:
         start, end = max(start, pos), min(end, len(text))
         if start >= end:
             continue
-        parts.append(html.escape(text[pos:start]))
-        parts.append(f'<span style="background-color:{DRAFT_TINT};">{html.escape(text[start:end])}</span>')
+        parts.append(escape(text[pos:start]))
+        parts.append(f'<span style="background-color:{DRAFT_TINT};">{escape(text[start:end])}</span>')
         pos = end
-    parts.append(html.escape(text[pos:]))
+    parts.append(escape(text[pos:]))
     return '<p style="white-space:pre-wrap;">' + "".join(parts) + "</p>"
 
 
 def plain_text_html(text: str) -> str:
     """``text`` escaped, whitespace kept (user messages are shown as typed)."""
-    return '<p style="white-space:pre-wrap;">' + html.escape(text) + "</p>"
+    return '<p style="white-space:pre-wrap;">' + escape(text) + "</p>"
