@@ -2,8 +2,7 @@
 
 `add_subcommands` registers the commands on an argparse subparsers object; every parser gets a
 ``handler`` default, so the caller runs ``args.handler(args)`` (see `run`) and exits with its code.
-`resolve_model_ref` and `check_refs` serve ``tandem check`` with local paths, ``hf://`` references or
-catalog ids.
+`resolve_model_ref` and `check_refs` (which serve ``tandem check``) live in `refs` and are re-exported.
 """
 
 from __future__ import annotations
@@ -17,14 +16,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from app.gguf.compat import Compatibility, check_compatible
-from app.gguf.meta import GGUFMetadata, read_metadata_file
-
 from . import fit as fitmod
 from .catalog import CatalogError, default_catalog
-from .hub import HubError, cached_path, download, hub_cache_dir
+from .hf_cache import hub_cache_dir
+from .hub_errors import HubError
 from .library import list_local, list_partials
-from .remote import HfRef, parse_hf_ref, read_remote_metadata
+from .refs import check_refs, resolve_model_ref
+from .transfer import download
 
 __all__ = [
     "add_subcommands",
@@ -53,57 +51,6 @@ def _size(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     return f"{n:.1f} TB"
-
-
-# ------------------------------------------------------------------------------------- model refs
-
-
-def resolve_model_ref(ref: str) -> Path | HfRef:
-    """Turn a user's model reference into a local path or an `HfRef`.
-
-    Accepts an existing local path; ``hf://owner/name/file.gguf[@rev]`` (returned as the cached file's
-    path when it is already downloaded, else as an `HfRef`); or a catalog id, optionally with a
-    quantization (``qwen3-8b`` / ``qwen3-8b:Q8_0``), resolved the same way. Raises `ValueError`.
-    """
-    ref = ref.strip()
-    if ref.startswith("hf://"):
-        h = parse_hf_ref(ref)
-        hit = cached_path(h.repo_id, h.filename, revision=h.revision)
-        return hit if hit is not None else h
-    p = Path(ref).expanduser()
-    if p.exists():
-        if not p.is_file():
-            raise ValueError(f"{ref} is not a file")
-        return p
-    model_id, _, quant = ref.partition(":")
-    cat = default_catalog()
-    if model_id in cat.models:
-        try:
-            qf = cat.model(model_id).file(quant or None)
-        except CatalogError as e:
-            raise ValueError(str(e)) from None
-        repo = cat.model(model_id).repo
-        hit = cached_path(repo, qf.file)
-        return hit if hit is not None else HfRef(repo, qf.file)
-    raise ValueError(f"{ref}: no such file, and not an hf://owner/name/file.gguf reference or catalog id")
-
-
-def _metadata(ref: Path | HfRef) -> GGUFMetadata:
-    if isinstance(ref, HfRef):
-        meta, _ = read_remote_metadata(ref)
-        return meta
-    return read_metadata_file(ref)
-
-
-def check_refs(target_ref: str, draft_ref: str) -> Compatibility:
-    """Compatibility of two models given as local paths, ``hf://`` references or catalog ids.
-
-    Remote files are judged from their header alone (HTTP Range requests, a few MB). Raises
-    `ValueError` (bad reference), `HubError` (Hub trouble), `GGUFError` or `OSError` (bad file).
-    """
-    target = resolve_model_ref(target_ref)
-    draft = resolve_model_ref(draft_ref)
-    return check_compatible(_metadata(target), _metadata(draft))
 
 
 # -------------------------------------------------------------------------------------- handlers

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fakehub import FakeHub
-from models_registry import cli, fit
+from models_registry import cli, fit, refs
 from models_registry.fit import Gpu, Machine
 from models_registry.remote import HfRef
 
@@ -59,23 +59,23 @@ def test_models_list(fake_hub: FakeHub, tmp_path: Path, capsys: pytest.CaptureFi
 
 def test_resolve_and_check_refs(fake_hub: FakeHub, tiny_pair, tiny_incompatible_draft: Path) -> None:
     fake_hub.add_file("acme/Tiny-GGUF", "tiny-target.gguf", tiny_pair.target.read_bytes())
-    assert cli.resolve_model_ref(str(tiny_pair.draft)) == tiny_pair.draft
-    assert cli.resolve_model_ref("hf://acme/Tiny-GGUF/tiny-target.gguf") == HfRef(
+    assert refs.resolve_model_ref(str(tiny_pair.draft)) == tiny_pair.draft
+    assert refs.resolve_model_ref("hf://acme/Tiny-GGUF/tiny-target.gguf") == HfRef(
         "acme/Tiny-GGUF", "tiny-target.gguf"
     )
-    ref = cli.resolve_model_ref("qwen3-8b:Q8_0")
+    ref = refs.resolve_model_ref("qwen3-8b:Q8_0")
     assert ref == HfRef("Qwen/Qwen3-8B-GGUF", "Qwen3-8B-Q8_0.gguf")
     with pytest.raises(ValueError, match="no such file"):
-        cli.resolve_model_ref("does/not/exist.gguf")
+        refs.resolve_model_ref("does/not/exist.gguf")
     with pytest.raises(ValueError, match="has no Q2_K file"):
-        cli.resolve_model_ref("qwen3-8b:Q2_K")
+        refs.resolve_model_ref("qwen3-8b:Q2_K")
 
-    assert cli.check_refs("hf://acme/Tiny-GGUF/tiny-target.gguf", str(tiny_pair.draft)).ok
-    assert not cli.check_refs("hf://acme/Tiny-GGUF/tiny-target.gguf", str(tiny_incompatible_draft)).ok
+    assert refs.check_refs("hf://acme/Tiny-GGUF/tiny-target.gguf", str(tiny_pair.draft)).ok
+    assert not refs.check_refs("hf://acme/Tiny-GGUF/tiny-target.gguf", str(tiny_incompatible_draft)).ok
 
     # once downloaded, the hf:// reference resolves to the cached file
     assert cli.main(["download", "acme/Tiny-GGUF", "tiny-target.gguf"]) == 0
-    local = cli.resolve_model_ref("hf://acme/Tiny-GGUF/tiny-target.gguf")
+    local = refs.resolve_model_ref("hf://acme/Tiny-GGUF/tiny-target.gguf")
     assert isinstance(local, Path) and local.read_bytes() == tiny_pair.target.read_bytes()
 
 

@@ -31,8 +31,8 @@ from PySide6.QtWidgets import (
 
 from app.gguf.compat import Compatibility, check_compatible
 from app.ui.downloads import DownloadManager, fmt_size
-from models_registry.cli import resolve_model_ref
 from models_registry.hub import HubError, cached_path
+from models_registry.refs import resolve_model_ref
 from models_registry.remote import HfRef, ModelFacts, read_ref_metadata
 
 log = logging.getLogger("tandem.ui")
