@@ -18,14 +18,10 @@ from PySide6.QtCore import QEvent, Qt
 from PySide6.QtWidgets import QApplication, QWidget
 
 from app.gguf.compat import check_files
-from app.ui.downloads import CANCELLED, DONE, FAILED, DownloadRow, fmt_eta, fmt_size
-from app.ui.models_panel import (
-    BadgeRole,
-    CatalogTableModel,
-    ModelsPanel,
-    install_models_panel,
-    should_show_first_run,
-)
+from app.ui.catalog_table import BadgeRole, CatalogTableModel
+from app.ui.downloads import CANCELLED, DONE, FAILED
+from app.ui.downloads_view import DownloadRow, fmt_eta
+from app.ui.models_panel import ModelsPanel, install_models_panel, should_show_first_run
 from app.ui.pair_chooser import normalize_ref
 from app.ui.settings import AppSettings
 from fakehub import FakeHub
@@ -34,6 +30,7 @@ from models_registry.catalog import Catalog, default_catalog, loads_catalog
 from models_registry.fit import Gpu, Machine, recommend
 from models_registry.hub import RetryPolicy
 from models_registry.remote import FIRST_CHUNK
+from models_registry.units import format_bytes
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -199,7 +196,7 @@ def test_catalog_table_shows_every_pair_with_fit_badge(make_panel) -> None:
         # first start: nothing on disk -> recommendation banner
         assert panel.should_show_first_run() and should_show_first_run(folders=[])
         assert panel.banner.isVisible()
-        assert best.pair.id and panel.row(best.pair.id).target.name in panel.banner_text.text()
+        assert best.pair.id and panel.row(best.pair.id).target.name in panel.banner.label.text()
 
 
 def test_quantization_choice_changes_size_and_fit(make_panel) -> None:
@@ -331,7 +328,7 @@ def test_incompatible_custom_pair_is_refused(make_panel, qtbot, tiny_pair, tiny_
     assert not res.ok and res.compat.reason == expected.reason
     assert ch.verdict.property("verdict") == "bad"
     text = ch.verdict.text()
-    assert "Incompatible" in text and html.escape(expected.reason, quote=False) in text
+    assert "Incompatible" in text and html.escape(expected.reason) in text
     assert not ch.load_button.isEnabled() and expected.reason in ch.load_button.toolTip()
     ch.load()
     # editing an input invalidates the verdict
@@ -391,7 +388,7 @@ def test_normalize_ref_forms(tmp_path: Path) -> None:
     assert normalize_ref("qwen3-8b:Q8_0") == "qwen3-8b:Q8_0"
     with pytest.raises(ValueError):
         normalize_ref("  ")
-    assert fmt_size(5_300_000_000) == "5.3 GB" and fmt_eta(75) == "1 min 15 s" and fmt_eta(None) == "–"
+    assert format_bytes(5_300_000_000) == "5.3 GB" and fmt_eta(75) == "1 min 15 s" and fmt_eta(None) == "–"
 
 
 # ------------------------------------------------------------------------------------ installed, wiring
