@@ -23,6 +23,7 @@ from .hub_errors import HubError
 from .library import list_local, list_partials
 from .refs import check_refs, resolve_model_ref
 from .transfer import download
+from .units import format_bytes
 
 __all__ = [
     "add_subcommands",
@@ -43,14 +44,6 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 def _err(msg: str, code: int = EXIT_ERROR) -> int:
     print(f"tandem: error: {msg}", file=sys.stderr)
     return code
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
 
 
 # -------------------------------------------------------------------------------------- handlers
@@ -78,10 +71,10 @@ def cmd_models_catalog(args: argparse.Namespace) -> int:
         tf, df = t.file(), d.file()
         approx = "~" if tf.size_approx or df.size_approx else ""
         print(f"{p.id}")
-        print(f"  target  {t.name:<28} {t.repo}/{tf.file} ({tf.quant}, {_size(tf.size)})")
-        print(f"  draft   {d.name:<28} {d.repo}/{df.file} ({df.quant}, {_size(df.size)})")
+        print(f"  target  {t.name:<28} {t.repo}/{tf.file} ({tf.quant}, {format_bytes(tf.size)})")
+        print(f"  draft   {d.name:<28} {d.repo}/{df.file} ({df.quant}, {format_bytes(df.size)})")
         gated = "  [gated: needs HF_TOKEN]" if t.gated or d.gated else ""
-        print(f"  total   {approx}{_size(tf.size + df.size)}, draft n_max={p.n_max} p_min={p.p_min}, "
+        print(f"  total   {approx}{format_bytes(tf.size + df.size)}, draft n_max={p.n_max} p_min={p.p_min}, "
               f"licence {t.license}{gated}")  # fmt: skip
         print(f"  good for: {p.good_for}")
     return EXIT_OK
@@ -100,9 +93,10 @@ def cmd_models_list(args: argparse.Namespace) -> int:
     for m in models:
         tag = f"  [{m.catalog_id} {m.quant}]" if m.catalog_id else ""
         where = f"{m.repo_id}/{m.filename}@{(m.commit or '')[:8]}" if m.source == "hf-cache" else m.filename
-        print(f"{_size(m.size):>9}  {where}{tag}\n           {m.path}")
+        print(f"{format_bytes(m.size):>9}  {where}{tag}\n           {m.path}")
     for pd in partials:
-        print(f"{_size(pd.size):>9}  partial download of {pd.repo_id or '?'} (resumes on next download)\n"
+        size = format_bytes(pd.size)
+        print(f"{size:>9}  partial download of {pd.repo_id or '?'} (resumes on next download)\n"
               f"           {pd.path}")  # fmt: skip
     return EXIT_OK
 
@@ -117,15 +111,18 @@ def cmd_models_fit(args: argparse.Namespace) -> int:
         best = fitmod.recommend(machine, n_ctx=args.ctx)
     except CatalogError as e:
         return _err(str(e))
-    gpus = ", ".join(f"{g.name} ({_size(g.total)}{' unified' if g.unified else ''})" for g in machine.gpus)
-    print(f"machine: {_size(machine.total_ram)} RAM ({_size(machine.available_ram)} available), "
+    gpus = ", ".join(
+        f"{g.name} ({format_bytes(g.total)}{' unified' if g.unified else ''})" for g in machine.gpus
+    )
+    ram, available = format_bytes(machine.total_ram), format_bytes(machine.available_ram)
+    print(f"machine: {ram} RAM ({available} available), "
           f"{machine.physical_cores} cores, GPU: {gpus or 'none'}")  # fmt: skip
     print(f"context: {args.ctx} tokens\n")
     for f in fits:
         assert f.pair is not None
         mark = "*" if best is not None and f.pair.id == best.pair.id else " "  # type: ignore[union-attr]
         comfy = "" if f.comfortable or f.verdict == "none" else " (tight)"
-        print(f"{mark} {f.pair.id:<26} needs {_size(f.need.total):>9}  {f.summary}{comfy}")
+        print(f"{mark} {f.pair.id:<26} needs {format_bytes(f.need.total):>9}  {f.summary}{comfy}")
     print()
     if best is None:
         print("no catalog pair fits this machine at this context size")
@@ -149,7 +146,8 @@ class _ProgressBar:
         bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
         eta_s = "--:--" if eta is None else time.strftime("%H:%M:%S", time.gmtime(eta)) if eta >= 3600 else (
             f"{int(eta) // 60:02d}:{int(eta) % 60:02d}")  # fmt: skip
-        line = f"{self.label} [{bar}] {frac:6.1%} {_size(done)}/{_size(total)} {_size(speed)}/s ETA {eta_s}"
+        figures = f"{format_bytes(done)}/{format_bytes(total)} {format_bytes(speed)}/s"
+        line = f"{self.label} [{bar}] {frac:6.1%} {figures} ETA {eta_s}"
         if self.tty:
             self.stream.write("\r" + line + "\x1b[K")
         elif frac - self._last_plain >= 0.05 or done == total:  # log-friendly: every 5 %
