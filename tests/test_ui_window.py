@@ -139,8 +139,8 @@ def test_regenerate_and_edit_last_message(qtbot, open_window) -> None:
 
 def test_conversation_survives_a_restart(qtbot, open_window, ui_data_dir) -> None:
     w = open_window()
-    w.system_toggle.setChecked(True)
-    w.system_prompt.setPlainText("You are terse.")
+    w.conversations.system_toggle.setChecked(True)
+    w.conversations.system_prompt.setPlainText("You are terse.")
     finish(qtbot, w, "hi")
     texts = [(m.role, m.text) for m in w.chat.messages]
     title = w.conversation.title
@@ -152,10 +152,10 @@ def test_conversation_survives_a_restart(qtbot, open_window, ui_data_dir) -> Non
     again = open_window(None, load=False)
     assert again.conversation.title == title == "hi"
     assert [(m.role, m.text) for m in again.chat.messages] == texts
-    assert again.system_prompt.toPlainText() == "You are terse."
-    assert again.conv_list.count() == 2
+    assert again.conversations.system_prompt.toPlainText() == "You are terse."
+    assert again.conversations.conv_list.count() == 2
     again.delete_conversation(confirm=False)
-    assert again.conv_list.count() == 1 and again.conversation.title == "second chat"
+    assert again.conversations.conv_list.count() == 1 and again.conversation.title == "second chat"
 
 
 def test_settings_persist_and_load_settings_reload_the_models(qtbot, open_window, ui_data_dir) -> None:
