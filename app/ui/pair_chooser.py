@@ -30,10 +30,12 @@ from PySide6.QtWidgets import (
 )
 
 from app.gguf.compat import Compatibility, check_compatible
-from app.ui.downloads import DownloadManager, fmt_size
+from app.ui.downloads import DownloadManager
+from app.ui.richtext import escape
 from models_registry.hub import HubError, cached_path
 from models_registry.refs import resolve_model_ref
 from models_registry.remote import HfRef, ModelFacts, read_ref_metadata
+from models_registry.units import format_bytes
 
 log = logging.getLogger("tandem.ui")
 
@@ -130,10 +132,10 @@ def _facts_text(ref: Path | HfRef | None, f: ModelFacts | None) -> str:
     if f.context_length:
         bits.append(f"ctx {f.context_length:,}")
     if f.file_size:
-        bits.append(fmt_size(f.file_size))
+        bits.append(format_bytes(f.file_size))
     where = "local file" if isinstance(ref, Path) else "on the Hub"
     if isinstance(ref, HfRef) and f.bytes_read is not None:
-        where += f", header read: {fmt_size(f.bytes_read)}"
+        where += f", header read: {format_bytes(f.bytes_read)}"
     return f"{', '.join(bits)} ({where})"
 
 
@@ -347,10 +349,10 @@ class PairChooser(QWidget):
         if res is None:
             return
         if res.compat is None:
-            self._show("error", f"<b>Could not check the pair.</b> {_esc(res.error)}")
+            self._show("error", f"<b>Could not check the pair.</b> {escape(res.error)}")
         elif not res.ok:
             self._show(
-                "bad", f"<b>✗ Incompatible: this pair cannot run together.</b><br>{_esc(res.compat.reason)}"
+                "bad", f"<b>✗ Incompatible: this pair cannot run together.</b><br>{escape(res.compat.reason)}"
             )
         else:
             extra = "Ready to load." if res.local else "Download the pair to load it (Hub files)."
@@ -402,7 +404,3 @@ def normalize_ref_safe(text: str) -> str:
         return normalize_ref(text)
     except ValueError:
         return text
-
-
-def _esc(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
