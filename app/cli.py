@@ -20,8 +20,18 @@ def _add_load_args(p: argparse.ArgumentParser, *, draft_flag: bool = True) -> No
         p.add_argument("--draft", help="draft model (GGUF file sharing the target's tokenizer)")
     p.add_argument("--ctx", type=int, default=4096, help="context size in tokens (default 4096)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    p.add_argument("--gpu-layers", type=int, default=0, help="target layers to offload (-1 = all)")
-    p.add_argument("--draft-gpu-layers", type=int, default=0, help="draft layers to offload (-1 = all)")
+    p.add_argument(
+        "--gpu-layers",
+        default="auto",
+        metavar="auto|all|cpu|N",
+        help="target layers on the GPU (default auto: as many as fit, all where they fit)",
+    )
+    p.add_argument(
+        "--draft-gpu-layers",
+        default="auto",
+        metavar="auto|all|cpu|N",
+        help="draft layers on the GPU (default auto: all of it where it fits)",
+    )
     p.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto")
 
 
@@ -120,6 +130,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         PromptTooLongError,
         SamplingError,
         Step,
+        parse_gpu_layers,
     )
 
     try:
@@ -147,8 +158,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
             draft=args.draft if mode in ("speculative", "auto") else None,
             n_ctx=args.ctx,
             n_threads=args.threads,
-            n_gpu_layers=args.gpu_layers,
-            n_gpu_layers_draft=args.draft_gpu_layers,
+            n_gpu_layers=parse_gpu_layers(args.gpu_layers),
+            n_gpu_layers_draft=parse_gpu_layers(args.draft_gpu_layers),
             flash_attn={"auto": None, "on": True, "off": False}[args.flash_attn],
         )
     except (ValueError, EngineError, SamplingError) as e:
@@ -187,13 +198,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 "finish_reason": finished.reason,
                 "stats": finished.stats.to_dict(),
                 "engine": info.to_dict(),
+                "placement": info.placement(),
             }
             print(json.dumps(out, ensure_ascii=False))
         else:
             sys.stdout.write(finished.text[streamed:])  # text held back until the end, if any
             s = finished.stats
+            print(f"\n[{info.placement()}]", file=sys.stderr)
             print(
-                f"\n[{s.mode}] {s.n_generated} tokens, {s.decode_tokens_per_second:.1f} tok/s, "
+                f"[{s.mode}] {s.n_generated} tokens, {s.decode_tokens_per_second:.1f} tok/s, "
                 f"acceptance {s.acceptance_rate:.0%} ({s.n_accepted}/{s.n_drafted}), "
                 f"{s.tokens_per_round:.2f} tokens/round, ttft {s.ttft_s * 1000:.0f} ms, "
                 f"finish: {finished.reason}",

@@ -120,6 +120,7 @@ def run_self_test(
                 f"models loaded in {t_loaded - t_started:.2f} s"
             )
             say(f"backend: {info.backend}")
+            say(f"placement: {info.placement()}")
             say(f"devices: {_describe_devices(info)}")
 
             totals = {

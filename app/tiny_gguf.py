@@ -327,8 +327,12 @@ def write_tiny_llama(
     chat_template: str | None = CHATML_TEMPLATE,
     name: str = "tiny",
     quant: Literal["F32", "Q4_0", "Q8_0"] = "F32",
+    split_tensors: int = 0,
 ) -> Path:
     """Write a tiny llama-architecture GGUF (F32 weights) to ``path`` and return the path.
+
+    ``split_tensors`` > 0 writes a split model instead, at most that many tensors a part, as
+    ``<stem>-00001-of-0000N.gguf`` beside ``path``, and returns the first part's path.
 
     ``quant`` "Q4_0" or "Q8_0" quantizes the 2-D weight matrices (norms stay F32), which makes
     llama.cpp take its quantized kernels: batched and single-token evaluation then differ slightly,
@@ -354,7 +358,8 @@ def write_tiny_llama(
             scale = np.float32(noise * float(w.std()))
             weights[key] = (w + scale * rng.standard_normal(w.shape, dtype=np.float32)).astype(np.float32)
 
-    writer = GGUFWriter(path, "llama")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = GGUFWriter(path, "llama", split_max_tensors=split_tensors)
     writer.add_name(name)
     writer.add_file_type(
         {"F32": LlamaFileType.ALL_F32, "Q4_0": LlamaFileType.MOSTLY_Q4_0, "Q8_0": LlamaFileType.MOSTLY_Q8_0}[
@@ -397,6 +402,9 @@ def write_tiny_llama(
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    if split_tensors:
+        parts = sorted(path.parent.glob(f"{path.stem}-*-of-*.gguf"))
+        return parts[0]
     return path
 
 

@@ -18,7 +18,7 @@ from app.engine.info import Device, EngineInfo, EngineStatus, ModelInfo, Offload
 from app.engine.process.client import EngineClient, GenerationStream
 from app.engine.process.errors import EngineCrashedError, RemoteError
 from app.engine.sampling import SamplingError, SamplingParams
-from app.engine.settings import MODES, GenerationSettings, LoadSettings
+from app.engine.settings import MODES, GenerationSettings, LoadSettings, parse_gpu_layers
 
 __all__ = [
     "MODES",
@@ -50,4 +50,5 @@ __all__ = [
     "Started",
     "Stats",
     "Step",
+    "parse_gpu_layers",
 ]

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 
@@ -14,12 +18,25 @@ from app.engine.drafting import Drafter, LookupDrafter, ModelDrafter
 from app.engine.errors import EngineError, IncompatibleDraftError
 from app.engine.events import Finished, Started, Step
 from app.engine.info import EngineInfo, ModelInfo
-from app.engine.llama import Context, Model, ModelLoadError, backend_name, check_model_file, devices
+from app.engine.llama import (
+    Context,
+    Model,
+    ModelLoadError,
+    backend_name,
+    check_model_file,
+    devices,
+    supports_gpu_offload,
+)
+from app.engine.offload import OffloadPlan, gpu_device, load_with_fewer_layers, plan_offload
 from app.engine.policy import AdaptivePolicy, DraftPolicy, FixedPolicy, PassPolicy, PlainPolicy
 from app.engine.settings import MODES, GenerationSettings, LoadSettings
 from app.engine.speculative import TargetCache, generate
 from app.gguf import compat
+from app.gguf.memory import Footprint, file_footprint
 from app.gguf.meta import GGUFError
+from app.gguf.split import first_part, missing_parts, split_info
+
+log = logging.getLogger("tandem.engine")
 
 __all__ = ["MODES", "Engine", "EngineError", "GenerationSettings", "IncompatibleDraftError", "LoadSettings"]
 
@@ -41,46 +58,36 @@ class Engine:
         self.settings = settings
         self._lock = threading.Lock()
         self.compatibility: compat.Compatibility | None = None
-        if settings.draft:  # check the pair before loading anything large
-            check_model_file(settings.target)
-            check_model_file(settings.draft)
+        target_path = _model_path(settings.target)
+        draft_path = _model_path(settings.draft) if settings.draft else None
+        if draft_path is not None:  # check the pair before loading anything large
             try:
-                self.compatibility = compat.check_files(settings.target, settings.draft)
+                self.compatibility = compat.check_files(target_path, draft_path)
             except GGUFError as e:
                 raise ModelLoadError(str(e)) from e
             if not self.compatibility.ok:
                 raise IncompatibleDraftError(
                     f"the draft model cannot be used with this target: {self.compatibility.reason}"
                 )
-        self.target = Model(
-            settings.target,
-            n_gpu_layers=settings.n_gpu_layers,
-            progress=(lambda f: progress("target", f)) if progress else None,
-        )
+        self.plan = self._plan(settings, target_path, draft_path)
         self.draft: Model | None = None
         self._draft_ctx: Context | None = None
+        self._target_ctx: Context | None = None
+        self.target: Model | None = None
         try:
-            self._target_ctx = Context(
-                self.target,
-                n_ctx=settings.n_ctx,
-                n_batch=settings.n_batch,
-                n_threads=settings.n_threads,
-                flash_attn=settings.flash_attn,
+            self.target, self._target_ctx = self._load(
+                "target",
+                target_path,
+                self.plan.target_layers,
+                settings.n_ctx,
+                progress,
+                retry=settings.n_gpu_layers is None and self.plan.target_layers != 0,
             )
+            if draft_path is not None:  # the plan set GPU memory aside for it
+                self.draft, self._draft_ctx = self._load(
+                    "draft", draft_path, self.plan.draft_layers, self._target_ctx.n_ctx, progress, retry=False
+                )
             self._cache = TargetCache(self._target_ctx)
-            if settings.draft:
-                self.draft = Model(
-                    settings.draft,
-                    n_gpu_layers=settings.n_gpu_layers_draft,
-                    progress=(lambda f: progress("draft", f)) if progress else None,
-                )
-                self._draft_ctx = Context(
-                    self.draft,
-                    n_ctx=self._target_ctx.n_ctx,
-                    n_batch=settings.n_batch,
-                    n_threads=settings.n_threads_draft or settings.n_threads,
-                    flash_attn=settings.flash_attn,
-                )
         except BaseException:
             self.close()
             raise
@@ -97,6 +104,68 @@ class Engine:
             ChatTemplate(template, bos_token=bos, eos_token=eos) if template else ChatTemplate.fallback()
         )
         self.has_chat_template = bool(template)
+
+    def _plan(self, settings: LoadSettings, target: Path, draft: Path | None) -> OffloadPlan:
+        """Where the layers go: an explicit count as asked; "auto" from the GGUF headers and the GPU's
+        free memory (nothing on a CPU-only build or without a GPU)."""
+        device = gpu_device(devices()) if supports_gpu_offload() else None
+        if device is None or (settings.n_gpu_layers is not None and settings.n_gpu_layers_draft is not None):
+            return plan_offload(
+                Footprint(0, 1, 0),
+                None,
+                device,
+                target_request=settings.n_gpu_layers,
+                draft_request=settings.n_gpu_layers_draft,
+            )
+        try:
+            tfp = file_footprint(target, settings.n_ctx)
+            dfp = file_footprint(draft, settings.n_ctx) if draft is not None else None
+        except (GGUFError, OSError) as e:
+            raise ModelLoadError(str(e)) from e
+        return plan_offload(
+            tfp, dfp, device, target_request=settings.n_gpu_layers, draft_request=settings.n_gpu_layers_draft
+        )
+
+    def _context(self, model: Model, n_ctx: int, *, draft: bool = False) -> Context:
+        s = self.settings
+        return Context(
+            model,
+            n_ctx=n_ctx,
+            n_batch=s.n_batch,
+            n_threads=(s.n_threads_draft or s.n_threads) if draft else s.n_threads,
+            flash_attn=s.flash_attn,
+        )
+
+    def _load(
+        self,
+        stage: str,
+        path: Path,
+        layers: int,
+        n_ctx: int,
+        progress: Callable[[str, float], None] | None,
+        *,
+        retry: bool,
+    ) -> tuple[Model, Context]:
+        """Load one model and its context with ``layers`` on the GPU; with ``retry`` (an automatic
+        plan), with fewer layers each time the GPU runs out of memory."""
+
+        def load(n: int) -> tuple[Model, Context]:
+            model = Model(path, n_gpu_layers=n, progress=(lambda f: progress(stage, f)) if progress else None)
+            try:
+                return model, self._context(model, n_ctx, draft=stage == "draft")
+            except BaseException:
+                model.close()
+                raise
+
+        total = 1 << 16  # the real count is known once loaded: "all" halves from the model's own
+        if retry:
+            with contextlib.suppress(GGUFError, OSError):
+                total = file_footprint(path, n_ctx).layers_total
+        (model, ctx), loaded, failed = load_with_fewer_layers(load, layers, total, retry=retry)
+        if failed:
+            log.warning("%s: the GPU ran out of memory with %s layers; loaded with %d", stage, failed, loaded)
+            model.offload = replace(model.offload, failed_layers=failed)
+        return model, ctx
 
     # verify costs timed at load (the rest are interpolated); 16 is a long prompt-lookup draft's batch.
     # With AVX-512, llama.cpp's repacked kernels take 4 and 8 rows at a time: 8, 12 and 16 cost less
@@ -259,6 +328,7 @@ class Engine:
             n_ctx=self.n_ctx,
             target=_model_info(self.target, self._target_ctx),
             draft=draft,
+            gpu_offload=supports_gpu_offload(),
         )
 
     def close(self) -> None:
@@ -276,6 +346,16 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _model_path(path: str) -> Path:
+    """The file llama.cpp opens (the first part of a split model), checked before anything loads."""
+    first = first_part(path)
+    missing = missing_parts(path) if split_info(Path(path).name) else []
+    if missing:
+        names = ", ".join(p.name for p in missing)
+        raise ModelLoadError(f"{Path(path).name} is split into parts and some are missing: {names}")
+    return check_model_file(first)
 
 
 def _model_info(model: Model, ctx: Context) -> ModelInfo:

@@ -25,10 +25,23 @@ class Offload:
     layers_offloaded: int
     layers_total: int  # the repeating layers and the output layer
     backend: str  # "CPU", "CUDA", "Metal", ...
+    device: str = ""  # the GPU's description (empty on the CPU)
+    failed_layers: tuple[int, ...] = ()  # layer counts whose load ran out of GPU memory first
 
     @property
     def on_gpu(self) -> bool:
         return self.layers_offloaded > 0
+
+    def describe(self) -> str:
+        """Where the layers run, e.g. "29/29 layers on CUDA (NVIDIA GeForce RTX 4060)" or "CPU"."""
+        if not self.on_gpu:
+            text = "CPU"
+        else:
+            where = f"{self.backend} ({self.device})" if self.device else self.backend
+            text = f"{self.layers_offloaded}/{self.layers_total} layers on {where}"
+        if self.failed_layers:
+            text += f", fewer than planned: the GPU ran out of memory with {self.failed_layers[0]}"
+        return text
 
 
 @dataclass(frozen=True)
@@ -54,6 +67,20 @@ class EngineInfo:
     n_ctx: int
     target: ModelInfo
     draft: ModelInfo | None = None
+    gpu_offload: bool = False  # this llama.cpp build can offload to a GPU
+
+    def placement(self) -> str:
+        """Where each model runs, in one line (for the CLI, the self-test and the status bar)."""
+        gpus = [d for d in self.devices if d.kind in ("GPU", "IGPU")]
+        if not self.target.offload.on_gpu and not (self.draft and self.draft.offload.on_gpu):
+            if not self.gpu_offload:
+                return "CPU only (this llama.cpp build has no GPU support)"
+            if not gpus:
+                return "CPU only (no GPU found)"
+        parts = [f"target: {self.target.offload.describe()}"]
+        if self.draft is not None:
+            parts.append(f"draft: {self.draft.offload.describe()}")
+        return "; ".join(parts)
 
     @property
     def size_bytes(self) -> int:

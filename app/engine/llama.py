@@ -247,10 +247,11 @@ class Model:
         """Where the layers went: llama.cpp offloads the last ``requested`` of the repeating layers and
         the output layer (-1: all) when the build supports offload and a GPU is present."""
         total = self.n_layer + 1
-        backend = backend_name()
-        if backend == "CPU" or not supports_gpu_offload() or requested == 0:
+        gpu = next((d for d in devices() if d.kind in ("GPU", "IGPU")), None)
+        if gpu is None or not supports_gpu_offload() or requested == 0:
             return Offload(requested, 0, total, "CPU")
-        return Offload(requested, total if requested < 0 else min(requested, total), total, backend)
+        layers = total if requested < 0 else min(requested, total)
+        return Offload(requested, layers, total, backend_name(), gpu.description or gpu.name)
 
     # -- metadata -----------------------------------------------------------------------------------
     def description(self) -> str:

@@ -15,7 +15,8 @@ MODES = ("auto", "speculative", "plain", "lookup")
 
 @dataclass(frozen=True)
 class LoadSettings:
-    """What to load and how. ``n_gpu_layers``: -1 = all layers, 0 = CPU only."""
+    """What to load and how. ``n_gpu_layers``: None = auto (as many layers on the GPU as fit, all
+    where they fit), -1 = all layers, 0 = CPU only, N = the last N layers."""
 
     target: str
     draft: str | None = None
@@ -23,8 +24,8 @@ class LoadSettings:
     n_batch: int = 512
     n_threads: int | None = None
     n_threads_draft: int | None = None
-    n_gpu_layers: int = 0
-    n_gpu_layers_draft: int = 0
+    n_gpu_layers: int | None = None
+    n_gpu_layers_draft: int | None = None
     flash_attn: bool | None = None
 
     def __post_init__(self) -> None:
@@ -36,6 +37,27 @@ class LoadSettings:
             v = getattr(self, name)
             if v is not None and v < 1:
                 raise EngineError(f"{name} must be >= 1, not {v}")
+        for name in ("n_gpu_layers", "n_gpu_layers_draft"):
+            v = getattr(self, name)
+            if v is not None and v < -1:
+                raise EngineError(
+                    f"{name} must be -1 (all), 0 (CPU only), a layer count or None (auto), not {v}"
+                )
+
+
+def parse_gpu_layers(text: str) -> int | None:
+    """``auto`` -> None, ``all`` -> -1, ``cpu`` -> 0, ``N`` -> N (for the CLI and settings files)."""
+    word = text.strip().lower()
+    named = {"auto": None, "all": -1, "cpu": 0}
+    if word in named:
+        return named[word]
+    try:
+        n = int(word)
+    except ValueError:
+        raise EngineError(f"GPU layers must be auto, all, cpu or a number, not {text!r}") from None
+    if n < -1:
+        raise EngineError(f"GPU layers must be auto, all, cpu or a number >= 0, not {text!r}")
+    return n
 
 
 @dataclass(frozen=True)
