@@ -29,8 +29,7 @@ from PySide6.QtWidgets import (
 )
 
 from app import __version__
-from app.engine.process.client import EngineClient
-from app.engine.settings import LoadSettings
+from app.engine import EngineClient, LoadSettings
 from app.ui.chat_view import ChatView, MessageWidget
 from app.ui.composer import Composer
 from app.ui.conversations import NEW_TITLE, ConversationsView
