@@ -100,6 +100,7 @@ def test_load_progress_increases_to_one(client, progress_calls) -> None:
         assert fractions == sorted(fractions) and fractions[-1] == 1.0 and len(fractions) > 2
     info = client.info()
     assert info.loaded and info.pid == client.pid and info.engine is not None and info.engine.n_ctx >= 512
+    assert any(d.kind == "CPU" for d in info.devices)  # listed by the engine process, for the fit
 
 
 def test_requests_during_a_generation_are_answered(client) -> None:

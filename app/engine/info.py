@@ -100,6 +100,8 @@ class EngineStatus:
     generating: bool
     backend: str
     engine: EngineInfo | None = None  # None: nothing loaded
+    devices: tuple[Device, ...] = ()  # the compute devices llama.cpp sees (loaded or not)
+    gpu_offload: bool = False  # this llama.cpp build can offload to a GPU
 
     @property
     def loaded(self) -> bool:

@@ -232,7 +232,10 @@ class Host:
     def _status(self) -> EngineStatus:
         engine = self.engine.info() if self.engine is not None else None
         backend = engine.backend if engine is not None else llama.backend_name()
-        return EngineStatus(os.getpid(), self.generating, backend, engine)
+        devices = tuple(llama.devices())
+        return EngineStatus(
+            os.getpid(), self.generating, backend, engine, devices, llama.supports_gpu_offload()
+        )
 
     def _close_engine(self) -> None:
         engine, self.engine = self.engine, None
