@@ -33,8 +33,8 @@ def _settings(args: argparse.Namespace):
         max_tokens=args.max_tokens,
         n_ctx=args.ctx,
         n_threads=args.threads,
-        n_gpu_layers=args.gpu_layers,
-        n_gpu_layers_draft=args.gpu_layers,
+        gpu_layers=args.gpu_layers,
+        gpu_layers_draft=args.gpu_layers,
     )
 
 
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=600)
     p.add_argument("--ctx", type=int, default=2048)
     p.add_argument("--threads", type=int, default=0, help="0 = llama.cpp's default")
-    p.add_argument("--gpu-layers", type=int, default=0)
+    p.add_argument("--gpu-layers", default="auto", metavar="auto|all|cpu|N")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--prompt", default=PROMPT, help="the user message (a long reply measures best)")
     args = p.parse_args(argv)

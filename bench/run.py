@@ -56,7 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--ctx", type=int, default=4096)
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--gpu-layers", type=int, default=0)
+    p.add_argument("--gpu-layers", default="auto", metavar="auto|all|cpu|N", help="as tandem generate's")
     p.add_argument("--limit", type=int, default=0, help="only the first N prompts")
     p.add_argument("--categories", default="", help="only these categories (comma-separated)")
     p.add_argument(
@@ -116,6 +116,7 @@ def machine() -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from app.engine.engine import Engine, GenerationSettings, LoadSettings
+    from app.engine.settings import parse_gpu_layers
 
     modes = [MODES[m] for m in args.modes.split(",") if m]
     if any(m.mode == "speculative" for m in modes) and not args.draft:
@@ -126,7 +127,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         draft=args.draft,
         n_ctx=args.ctx,
         n_threads=args.threads,
-        n_gpu_layers=args.gpu_layers,
+        n_gpu_layers=parse_gpu_layers(args.gpu_layers),
     )
     t0 = time.perf_counter()
     engine = Engine(load)

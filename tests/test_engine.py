@@ -132,6 +132,7 @@ def test_each_round_reports_its_decision_as_data(engine: Engine) -> None:
         assert d.policy is Policy.FIXED and d.n_max == 3 and d.k == s.k <= 3
         assert d.capped == (d.k < 3) and (d.action is Action.DRAFT) == (d.k > 0)
     assert any(s.drafter is Source.MODEL for s in fixed)
+    assert all(s.decision.source is s.drafter for s in fixed)
     adaptive = decisions("speculative", n_max=4, n_min=1, adaptive=True)
     assert all(
         s.decision.policy is Policy.ADAPTIVE and s.decision.recent_acceptance is not None for s in adaptive

@@ -249,3 +249,41 @@ def test_enter_sends_and_shift_enter_adds_a_line(qtbot) -> None:
     assert sent == ["first\nsecond"]
     qtbot.keyClick(box, Qt.Key.Key_Enter)  # the keypad's Enter too
     assert len(sent) == 2
+
+
+def test_gpu_layers_default_to_auto_and_are_saved_as_words(tmp_path) -> None:
+    s = AppSettings()
+    assert (s.gpu_layers, s.gpu_layers_draft) == ("auto", "auto")
+    load = s.load("t.gguf", "d.gguf")
+    assert (load.n_gpu_layers, load.n_gpu_layers_draft) == (None, None)  # auto: the engine plans
+    from dataclasses import replace
+
+    chosen = replace(s, gpu_layers="12", gpu_layers_draft="cpu")
+    assert (chosen.load("t.gguf", None).n_gpu_layers, chosen.load("t.gguf", "d").n_gpu_layers_draft) == (
+        12,
+        0,
+    )
+    chosen.write(tmp_path)
+    assert AppSettings.read(tmp_path).gpu_layers == "12"
+    (tmp_path / "settings.json").write_text('{"gpu_layers": "lots", "n_gpu_layers": 0}')
+    assert AppSettings.read(tmp_path).load("t.gguf", None).n_gpu_layers is None  # unreadable: auto
+
+
+def test_status_bar_says_where_the_pair_runs() -> None:
+    from app.engine import Device, EngineInfo, ModelInfo, Offload
+    from app.ui.status_bar import backend_text
+
+    gpu = Device("CUDA0", "NVIDIA GeForce RTX 4060", "GPU", 7 * 10**9, 8 * 10**9)
+    cpu = Device("CPU", "AMD Ryzen 7", "CPU", 0, 0)
+
+    def info(layers: int) -> EngineInfo:
+        o = Offload(
+            None, layers, 29, "CUDA" if layers else "CPU", "NVIDIA GeForce RTX 4060" if layers else ""
+        )  # type: ignore[arg-type]
+        return EngineInfo(
+            "CUDA", (gpu, cpu), 4096, ModelInfo("t.gguf", "qwen2 1.5B", 1, 1, 28, 10, o, 2), None, True
+        )
+
+    assert backend_text(info(29)) == "CUDA · NVIDIA GeForce RTX 4060 (8.0 GB)"
+    assert backend_text(info(14)) == "CUDA · NVIDIA GeForce RTX 4060 (8.0 GB) · 14/29 target layers"
+    assert backend_text(info(0)) == "CPU · AMD Ryzen 7"

@@ -167,7 +167,7 @@ def test_settings_persist_and_load_settings_reload_the_models(qtbot, open_window
     dlg.n_ctx.setValue(1024)  # a load-time setting: the pair is reloaded
     with qtbot.waitSignal(w.modelLoaded, timeout=WAIT) as sig:
         dlg.accept()
-    assert sig.args[0]["n_ctx"] == 1024
+    assert sig.args[0].n_ctx == 1024
     assert (w.settings.temperature, w.settings.top_k, w.settings.draft_source) == (0.8, 40, "lookup")
     w.close()
     again = open_window(None, load=False)

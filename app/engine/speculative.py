@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -180,6 +181,8 @@ def generate(
             t_verify = time.perf_counter() - t1
 
             decision = proposal.decision or choice.decision
+            if decision.source is not proposal.source and proposal.decision is None:
+                decision = replace(decision, source=proposal.source)  # the policy's choice, drafted
             text_parts: list[str] = []
             kept = 0
             for tok in new:

@@ -29,7 +29,7 @@ from PySide6.QtWidgets import (
 )
 
 from app import __version__
-from app.engine import EngineClient, LoadSettings
+from app.engine import EngineClient, EngineInfo, LoadSettings
 from app.ui.chat_view import ChatView, MessageWidget
 from app.ui.composer import Composer
 from app.ui.conversations import NEW_TITLE, ConversationsView
@@ -56,7 +56,7 @@ class MainWindow(QMainWindow):
 
     replyFinished = Signal(str)  # finish reason ("eog", "length", "cancelled", ...)
     replyFailed = Signal(str)
-    modelLoaded = Signal(dict)
+    modelLoaded = Signal(object)  # EngineInfo
     loadFailed = Signal(str)
 
     def __init__(self, client: EngineClient | None = None, data: Path | None = None):
@@ -185,7 +185,7 @@ class MainWindow(QMainWindow):
 
     # -- state held by the views --------------------------------------------------------------------
     @property
-    def info(self) -> dict[str, Any] | None:
+    def info(self) -> EngineInfo | None:
         """The engine's description of the loaded models (None before a pair is loaded)."""
         return self.status.info
 
@@ -254,7 +254,7 @@ class MainWindow(QMainWindow):
         self.status.load_started(settings)
         self._update_model_state()
 
-    def _on_loaded(self, info: dict) -> None:
+    def _on_loaded(self, info: EngineInfo) -> None:
         if self.shut_down:  # a late event after the window closed
             return
         self.loading = False

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from app.engine import GenerationSettings, LoadSettings
+from app.engine import EngineError, GenerationSettings, LoadSettings, parse_gpu_layers
 
 log = logging.getLogger("tandem.ui")
 
@@ -16,7 +16,7 @@ DRAFT_SOURCES = ("auto", "model", "lookup")
 FILE_NAME = "settings.json"
 
 # fields that only take effect when the models are (re)loaded
-LOAD_FIELDS = ("n_ctx", "n_gpu_layers", "n_gpu_layers_draft", "n_threads")
+LOAD_FIELDS = ("n_ctx", "gpu_layers", "gpu_layers_draft", "n_threads")
 
 
 @dataclass(frozen=True)
@@ -37,8 +37,8 @@ class AppSettings:
     seed: int = -1
     max_tokens: int = 1024
     n_ctx: int = 4096
-    n_gpu_layers: int = 0
-    n_gpu_layers_draft: int = 0
+    gpu_layers: str = "auto"  # auto (as many as fit), all, cpu, or a layer count
+    gpu_layers_draft: str = "auto"
     n_threads: int = 0
     last_target: str = ""
     last_draft: str = ""
@@ -77,8 +77,8 @@ class AppSettings:
             draft=draft or None,
             n_ctx=self.n_ctx,
             n_threads=self.n_threads or None,
-            n_gpu_layers=self.n_gpu_layers,
-            n_gpu_layers_draft=self.n_gpu_layers_draft,
+            n_gpu_layers=_gpu_layers(self.gpu_layers),
+            n_gpu_layers_draft=_gpu_layers(self.gpu_layers_draft),
         )
 
     def needs_reload(self, other: AppSettings) -> bool:
@@ -115,3 +115,12 @@ class AppSettings:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(asdict(self), indent=2), encoding="utf-8")
         tmp.replace(path)
+
+
+def _gpu_layers(text: str) -> int | None:
+    """A saved GPU-layers choice for the engine (an unreadable one means auto)."""
+    try:
+        return parse_gpu_layers(text)
+    except EngineError:
+        log.warning("ignoring the GPU layers setting %r: using auto", text)
+        return None

@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.engine import EngineError, parse_gpu_layers
 from app.ui.settings import AppSettings
 
 SOURCES = (("auto", "Auto (whatever pays)"), ("model", "Draft model"), ("lookup", "Prompt lookup"))
@@ -31,6 +32,39 @@ def _spin(lo: int, hi: int, value: int, special: str = "") -> QSpinBox:
     if special:
         s.setSpecialValueText(special)
     return s
+
+
+GPU_CHOICES = (("auto", "Auto (as many as fit)"), ("all", "All layers"), ("cpu", "CPU only"))
+
+
+def _gpu_combo(value: str) -> QComboBox:
+    """Auto, all, CPU only, or a layer count typed in."""
+    c = QComboBox()
+    c.setEditable(True)
+    for key, label in GPU_CHOICES:
+        c.addItem(label, key)
+    _set_gpu(c, value)
+    return c
+
+
+def _set_gpu(c: QComboBox, value: str) -> None:
+    i = c.findData(value)
+    if i >= 0:
+        c.setCurrentIndex(i)
+    else:
+        c.setEditText(value)
+
+
+def _gpu_value(c: QComboBox) -> str:
+    """The choice as the settings keep it ("auto", "all", "cpu" or a count); unreadable text: auto."""
+    text = c.currentText().strip()
+    i = c.findText(text)
+    if i >= 0:
+        return str(c.itemData(i))
+    try:
+        return str(parse_gpu_layers(text)) if parse_gpu_layers(text) is not None else "auto"
+    except EngineError:
+        return "auto"
 
 
 def _dspin(lo: float, hi: float, value: float, step: float, decimals: int = 2) -> QDoubleSpinBox:
@@ -101,8 +135,8 @@ class SettingsDialog(QDialog):
         f = QFormLayout(load)
         self.n_ctx = _spin(256, 1_048_576, s.n_ctx)
         self.n_ctx.setSingleStep(1024)
-        self.gpu_target = _spin(-1, 999, s.n_gpu_layers, "all")
-        self.gpu_draft = _spin(-1, 999, s.n_gpu_layers_draft, "all")
+        self.gpu_target = _gpu_combo(s.gpu_layers)
+        self.gpu_draft = _gpu_combo(s.gpu_layers_draft)
         self.threads = _spin(0, 256, s.n_threads, "automatic")
         f.addRow("Context size (tokens)", self.n_ctx)
         f.addRow("GPU layers, target", self.gpu_target)
@@ -110,7 +144,10 @@ class SettingsDialog(QDialog):
         f.addRow("CPU threads", self.threads)
         left.addWidget(load)
         left.addStretch(1)
-        note = QLabel("GPU layers: -1 offloads every layer, 0 keeps the model on the CPU.")
+        note = QLabel(
+            "GPU layers: Auto puts the draft and as many target layers as fit on the GPU (all of both "
+            "where they fit); type a number to offload that many layers."
+        )
         note.setWordWrap(True)
         note.setObjectName("gaugeNote")
         right.addWidget(note)
@@ -151,12 +188,12 @@ class SettingsDialog(QDialog):
             (self.seed, d.seed),
             (self.max_tokens, d.max_tokens),
             (self.n_ctx, d.n_ctx),
-            (self.gpu_target, d.n_gpu_layers),
-            (self.gpu_draft, d.n_gpu_layers_draft),
             (self.threads, d.n_threads),
         ):
             w.setValue(v)
         self.adaptive.setChecked(d.adaptive)
+        _set_gpu(self.gpu_target, d.gpu_layers)
+        _set_gpu(self.gpu_draft, d.gpu_layers_draft)
 
     def result_settings(self) -> AppSettings:
         n_max = self.n_max.value()
@@ -176,7 +213,7 @@ class SettingsDialog(QDialog):
             seed=self.seed.value(),
             max_tokens=self.max_tokens.value(),
             n_ctx=self.n_ctx.value(),
-            n_gpu_layers=self.gpu_target.value(),
-            n_gpu_layers_draft=self.gpu_draft.value(),
+            gpu_layers=_gpu_value(self.gpu_target),
+            gpu_layers_draft=_gpu_value(self.gpu_draft),
             n_threads=self.threads.value(),
         )

@@ -1,20 +1,19 @@
 """The main window's status bar: the loaded pair, its backend, memory use and load progress.
 
-It holds the engine's description of the loaded models (``info``, as `EngineWorker.loaded` gives it), so
-everything read from that description is here.
+It holds the engine's description of the loaded models (an ``EngineInfo``, as `EngineWorker.loaded`
+gives it), so everything read from that description is here.
 """
 
 from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any
 
 import psutil
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar, QWidget
 
-from app.engine import EngineClient, LoadSettings
+from app.engine import EngineClient, EngineInfo, LoadSettings
 from models_registry.units import format_bytes
 
 __all__ = ["StatusBar", "backend_text"]
@@ -29,7 +28,7 @@ class StatusBar(QStatusBar):
     def __init__(self, client: EngineClient, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.client = client
-        self.info: dict[str, Any] | None = None
+        self.info: EngineInfo | None = None
         self._load_has_draft = False
         self.pair_label = QLabel("No model loaded")
         self.backend_label = QLabel("")
@@ -60,9 +59,17 @@ class StatusBar(QStatusBar):
             fraction = fraction / 2 + (0.5 if stage == "draft" else 0.0)
         self.progress.setValue(int(fraction * 1000))
 
-    def loaded(self, info: dict) -> None:
+    def loaded(self, info: EngineInfo) -> None:
         self.info = info
         self.progress.setVisible(False)
+        fewer = [m for m in (info.target, info.draft) if m is not None and m.offload.failed_layers]
+        if fewer:  # an automatic plan that did not fit: say what was loaded instead of failing
+            o = fewer[0].offload
+            self.showMessage(
+                f"The GPU ran out of memory with {o.failed_layers[0]} layers: loaded with "
+                f"{o.layers_offloaded} of {o.layers_total} on the GPU, the rest on the CPU.",
+                20000,
+            )
 
     def load_failed(self) -> None:
         """Hide the progress; keep ``info`` only while the engine still has a pair loaded."""
@@ -77,12 +84,13 @@ class StatusBar(QStatusBar):
     @property
     def has_draft(self) -> bool:
         """A draft model is loaded."""
-        return bool(self.info and self.info.get("draft"))
+        return self.info is not None and self.info.draft is not None
 
     def where(self) -> str:
         """Where the models run, for the gauges: "CPU", "GPU" or "" (nothing loaded)."""
-        backend = (self.info or {}).get("backend", "")
-        return "CPU" if backend == "CPU" else ("GPU" if backend else "")
+        if self.info is None:
+            return ""
+        return "GPU" if self.info.target.offload.on_gpu else "CPU"
 
     def about_backend(self) -> str:
         """The backend line of the About box."""
@@ -92,18 +100,17 @@ class StatusBar(QStatusBar):
         """Name the loaded pair and its backend (left as they are while a pair loads)."""
         info = self.info
         if info:
-            names = [Path(info["target"]["path"]).name]
-            if info.get("draft"):
-                names.append(Path(info["draft"]["path"]).name)
-            self.pair_label.setText("  +  ".join(names))
+            models = [m for m in (info.target, info.draft) if m is not None]
+            self.pair_label.setText("  +  ".join(Path(m.path).name for m in models))
             self.pair_label.setToolTip(
                 "\n".join(
-                    f"{k}: {info[k]['description']}, {info[k]['offload']}"
-                    for k in ("target", "draft")
-                    if info.get(k)
+                    f"{role}: {m.description}, {m.offload.describe()}"
+                    for role, m in (("target", info.target), ("draft", info.draft))
+                    if m is not None
                 )
             )
             self.backend_label.setText(backend_text(info))
+            self.backend_label.setToolTip(info.placement())
         elif not loading:
             self.pair_label.setText("No model loaded")
             self.backend_label.setText("")
@@ -112,8 +119,7 @@ class StatusBar(QStatusBar):
         if not self.info:
             self.memory_label.setText("")
             return
-        size = sum(self.info[k]["size_bytes"] for k in ("target", "draft") if self.info.get(k))
-        text = f"models {format_bytes(size)}"
+        text = f"models {format_bytes(self.info.size_bytes)}"
         pid = self.client.pid
         if pid is not None:
             with contextlib.suppress(psutil.Error):
@@ -125,15 +131,19 @@ class StatusBar(QStatusBar):
         self._memory_timer.stop()
 
 
-def backend_text(info: dict[str, Any]) -> str:
-    """The backend and the device it runs on: ``backend · device (GPU memory)``."""
-    backend = info.get("backend", "?")
-    devices = info.get("devices") or []
-    gpus = [d for d in devices if d.get("kind") != "CPU"]
-    dev = gpus[0] if gpus else (devices[0] if devices else None)
-    if dev is None:
-        return backend
-    name = dev.get("description") or dev.get("name") or ""
-    mem = dev.get("memory_total")
-    extra = f" ({format_bytes(mem)})" if gpus and mem else ""
-    return f"{backend} · {name}{extra}"
+def backend_text(info: EngineInfo) -> str:
+    """Where the models run: ``CUDA · NVIDIA RTX 4060 (8.6 GB)``, ``CPU · AMD EPYC ...``; a pair split
+    between the GPU and the CPU says how many target layers are on the GPU."""
+    gpus = [d for d in info.devices if d.kind in ("GPU", "IGPU")]
+    offload = info.target.offload
+    if offload.on_gpu and gpus:
+        dev = gpus[0]
+        text = f"{offload.backend} · {dev.description or dev.name}"
+        if dev.memory_total:
+            text += f" ({format_bytes(dev.memory_total)})"
+        if offload.layers_offloaded < offload.layers_total:
+            text += f" · {offload.layers_offloaded}/{offload.layers_total} target layers"
+        return text
+    cpu = next((d for d in info.devices if d.kind == "CPU"), None)
+    name = (cpu.description or cpu.name) if cpu else ""
+    return f"CPU · {name}" if name else "CPU"
