@@ -195,3 +195,17 @@ def test_engine_killed_mid_reply_shows_an_error_and_recovers(qtbot, open_window)
     assert finish(qtbot, w, "hi") in ("eog", "length")
     assert w.chat.messages[0].text == LONG_PROMPT and w.chat.messages[-1].role == "assistant"
     assert "error" in [m.role for m in w.store.messages(w.conversation.id)]
+
+
+def test_does_speculation_pay_runs_on_recent_prompts_and_shows_the_speedup(qtbot, open_window) -> None:
+    w = open_window(replace(FAST, max_tokens=16))
+    finish(qtbot, w, "def add(a, b):")
+    check = w.speed_check
+    assert check.button.isEnabled()
+    with qtbot.waitSignal(check.finished, timeout=WAIT) as sig:
+        check.button.click()
+        assert not w.send_button.isEnabled()  # the chat waits while the check runs
+    result = sig.args[0]
+    assert result is not None and result.own_prompts and len(result.ratios) == 1
+    assert "x plain decoding" in check.label.text() and "your recent prompts" in check.label.text()
+    assert check.button.isEnabled() and w.send_button.isEnabled()

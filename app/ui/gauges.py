@@ -153,8 +153,14 @@ class GaugesPanel(QFrame):
         legend.setWordWrap(True)
         outer.addWidget(self.highlight)
         outer.addWidget(legend)
+        self._below = QVBoxLayout()
+        outer.addLayout(self._below)
         outer.addStretch(1)
         self.reset()
+
+    def add_below(self, widget: QWidget) -> None:
+        """Add a widget under the figures (the speed check)."""
+        self._below.addWidget(widget)
 
     def reset(self) -> None:
         for fig in (self.acceptance, self.speedup, self.per_round, self.ttft, self.speed):

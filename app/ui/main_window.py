@@ -41,6 +41,7 @@ from app.ui.reply_stream import ReplyStream, draft_spans
 from app.ui.richtext import escape_lines
 from app.ui.settings import AppSettings
 from app.ui.settings_dialog import SettingsDialog
+from app.ui.speed_check_view import SpeedCheckView
 from app.ui.status_bar import StatusBar
 from app.ui.store import Conversation, Store
 from app.ui.workers import EngineWorker
@@ -126,6 +127,12 @@ class MainWindow(QMainWindow):
         self.side_tabs.setDocumentMode(True)
         self.gauges = GaugesPanel()
         self.gauges.highlightToggled.connect(self.set_highlight)
+        self.speed_check = SpeedCheckView(
+            self.worker, self.store, lambda: self.settings.generation(has_draft=self.status.has_draft)
+        )
+        self.gauges.add_below(self.speed_check)
+        self.speed_check.button.clicked.connect(self.update_actions)
+        self.speed_check.finished.connect(lambda _: self.update_actions())
         self.side_tabs.addTab(self.gauges, "Gauges")
         self.side_tabs.setMinimumWidth(270)
         splitter.addWidget(self.side_tabs)
@@ -409,7 +416,8 @@ class MainWindow(QMainWindow):
 
     def update_actions(self) -> None:
         """Enable the actions and the messages' buttons that apply now."""
-        ready = bool(self.info) and not self.loading
+        ready = bool(self.info) and not self.loading and not self.speed_check.running
+        self.speed_check.set_ready(ready and not self.generating)
         self.send_button.setEnabled(self.generating or ready)
         self.stop_action.setEnabled(self.generating)
         self.regen_action.setEnabled(ready and not self.generating)

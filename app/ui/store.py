@@ -115,6 +115,13 @@ class Store:
             Message(i, role, content, json.loads(stats) if stats else {}) for i, role, content, stats in rows
         ]
 
+    def recent_user_messages(self, n: int = 20) -> list[str]:
+        """The user's last ``n`` messages over every conversation, newest first."""
+        rows = self.db.execute(
+            "SELECT content FROM messages WHERE role = 'user' ORDER BY id DESC LIMIT ?", (n,)
+        )
+        return [content for (content,) in rows]
+
     def add_message(
         self, conversation_id: int, role: str, content: str, stats: dict[str, Any] | None = None
     ) -> Message:

@@ -29,6 +29,7 @@ from app.engine import (
     Started,
     Step,
 )
+from app.speedcheck import run_check
 
 log = logging.getLogger("tandem.ui")
 
@@ -37,7 +38,7 @@ CALIBRATION_PROMPT = [{"role": "user", "content": "Say hello."}]
 
 @dataclass
 class _Job:
-    kind: str  # load | generate | calibrate | stop
+    kind: str  # load | generate | calibrate | check | stop
     payload: Any = None
     cancelled: bool = False
     messages: list[dict[str, Any]] = field(default_factory=list)
@@ -55,6 +56,8 @@ class EngineWorker(QObject):
     finished = Signal(object)  # Finished, or None when cancelled before it started
     failed = Signal(str, bool)  # message, the engine process crashed
     calibrated = Signal(list)  # list[Step] of a short plain-decoding run
+    checkProgress = Signal(int, int)  # generations done, of how many
+    checked = Signal(object)  # CheckResult, or None (cancelled, or no text)
     busyChanged = Signal(bool)
 
     _post = Signal(object)  # engine thread -> GUI thread
@@ -89,11 +92,15 @@ class EngineWorker(QObject):
         """Measure plain decoding's step cost with a short plain reply (for the speedup estimate)."""
         self._submit(_Job("calibrate"))
 
+    def check(self, prompts: Sequence[str], settings: GenerationSettings) -> None:
+        """Does speculation pay here? Plain decoding against ``settings.mode`` on ``prompts``."""
+        self._submit(_Job("check", settings, messages=[{"content": p} for p in prompts]))
+
     def cancel(self) -> None:
-        """Stop the running (or queued) reply; the engine finishes the current round and stops."""
+        """Stop the running (or queued) reply or check; the engine finishes the current round."""
         with self._lock:
             for job in (self._current, self._queued_generate):
-                if job is not None and job.kind == "generate":
+                if job is not None and job.kind in ("generate", "check"):
                     job.cancelled = True
         self.client.cancel()
 
@@ -236,6 +243,29 @@ class EngineWorker(QObject):
             return
         log.info("calibrated plain decoding in %.2f s", time.perf_counter() - t0)
         self._emit("calibrated", steps)
+
+    def _do_check(self, job: _Job) -> None:
+        if self.client.settings is None:
+            self._emit("checked", None)
+            return
+        try:
+            result = run_check(
+                self.client,
+                job.payload,
+                [m["content"] for m in job.messages],
+                progress=lambda done, total: self._emit("checkProgress", done, total),
+                cancelled=lambda: job.cancelled,
+            )
+        except EngineCrashedError as e:
+            if not self._closed:
+                self._emit("failed", _describe(e), True)
+                self._restart()
+            return
+        except Exception as e:
+            if not self._closed:
+                self._emit("failed", _describe(e), False)
+            return
+        self._emit("checked", result)
 
 
 def _describe(e: BaseException) -> str:
