@@ -243,6 +243,12 @@ def cmd_app(target: str | None = None, draft: str | None = None) -> int:
     """Start the desktop app (optionally with a model pair)."""
     if draft and not target:
         return _fail("--draft needs --model (the target it drafts for)")
+    from app.preflight import check as preflight  # no display, or Qt's libraries missing: say so (no Qt yet)
+
+    problem = preflight()
+    if problem:
+        print(problem, file=sys.stderr)
+        return 1
     try:
         from app.ui.app import run_app
     except ImportError as e:  # e.g. Qt's system libraries are missing
