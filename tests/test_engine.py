@@ -85,6 +85,20 @@ def test_greedy_speculative_equals_plain(engine: Engine, plain_outputs, adaptive
     assert 0.2 < np.mean(acceptance) < 0.95, "the fixture draft should agree on some tokens, not all"
 
 
+def test_greedy_speculative_equals_plain_with_penalties(engine: Engine) -> None:
+    """Presence, frequency and repetition penalties look at the same window in every mode."""
+    pen = SamplingParams(repeat_penalty=1.1, presence_penalty=1.5, frequency_penalty=1.0, repeat_last_n=32)
+    changed = 0
+    for prompt in PROMPTS:
+        ids = engine.tokenize(prompt)
+        plain = engine.run(ids, settings("plain", sampling=pen)).tokens
+        for mode in ("speculative", "lookup", "auto"):
+            got = engine.run(ids, settings(mode, sampling=pen, n_max=4)).tokens
+            assert_same_or_tie(engine, ids, plain, got)
+        changed += plain != engine.run(ids, settings("plain")).tokens
+    assert changed, "the penalties should change some replies"
+
+
 def test_greedy_lookup_equals_plain(engine: Engine, plain_outputs) -> None:
     ties, drafted = 0, 0
     for n_max, prompt in itertools.product((1, 3, 8, 16), PROMPTS):

@@ -138,6 +138,18 @@ def test_penalty_makes_repeated_tokens_less_likely_and_leaves_input_alone() -> N
     assert sampling.greedy_token(logits, [0, 1], SamplingParams(repeat_penalty=2.5)) == 2
 
 
+def test_presence_and_frequency_penalties_follow_llama_cpp() -> None:
+    logits = np.array([2.0, -1.0, 1.0, 0.5], dtype=np.float32)
+    prm = SamplingParams(presence_penalty=0.5, frequency_penalty=0.25)
+    out = sampling.penalized(logits, [0, 0, 0, 1], prm)  # token 0 three times, token 1 once
+    assert out.tolist() == pytest.approx([2.0 - 0.75 - 0.5, -1.0 - 0.25 - 0.5, 1.0, 0.5])
+    assert sampling.greedy_token(logits, [0, 0, 0, 1], prm) == 2
+    assert not SamplingParams().penalizes and prm.penalizes
+    assert not SamplingParams(presence_penalty=1.0, repeat_last_n=0).penalizes
+    with pytest.raises(SamplingError, match="presence_penalty"):
+        SamplingParams(presence_penalty=3.0)
+
+
 def test_sample_follows_distribution() -> None:
     p = np.array([0.1, 0.0, 0.6, 0.3])
     rng = np.random.default_rng(3)

@@ -28,7 +28,9 @@ class SamplingParams:
     top_p: float = 1.0  # 1 = off
     min_p: float = 0.0  # 0 = off
     repeat_penalty: float = 1.0  # 1 = off
-    repeat_last_n: int = 64
+    repeat_last_n: int = 64  # the window the penalties look back over
+    presence_penalty: float = 0.0  # 0 = off; subtracted once from a token seen in the window
+    frequency_penalty: float = 0.0  # 0 = off; subtracted per occurrence in the window
     seed: int | None = None
 
     def __post_init__(self) -> None:
@@ -44,6 +46,17 @@ class SamplingParams:
             raise SamplingError(f"repeat_penalty must be > 0, not {self.repeat_penalty}")
         if self.repeat_last_n < 0:
             raise SamplingError(f"repeat_last_n must be >= 0, not {self.repeat_last_n}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and -2.0 <= v <= 2.0):
+                raise SamplingError(f"{name} must be between -2 and 2, not {v}")
+
+    @property
+    def penalizes(self) -> bool:
+        """Some penalty looks at the recent tokens."""
+        return self.repeat_last_n > 0 and (
+            self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+        )
 
     @property
     def greedy(self) -> bool:
@@ -51,16 +64,24 @@ class SamplingParams:
 
 
 def penalized(logits: np.ndarray, history: Sequence[int], params: SamplingParams) -> np.ndarray:
-    """Apply llama.cpp's repetition penalty over the last ``repeat_last_n`` tokens of ``history``.
+    """Apply llama.cpp's penalties over the last ``repeat_last_n`` tokens of ``history``: the
+    repetition penalty (divide a positive logit, multiply a negative one), then the frequency and
+    presence penalties (``logit -= count * frequency + (count > 0) * presence``).
 
     Returns ``logits`` itself when there is nothing to do (callers must not modify it), else a copy.
     """
-    if params.repeat_penalty == 1.0 or params.repeat_last_n == 0 or not history:
+    if not params.penalizes or not history:
         return logits
-    recent = np.unique(np.asarray(history[-params.repeat_last_n :], dtype=np.int64))
+    recent, counts = np.unique(
+        np.asarray(history[-params.repeat_last_n :], dtype=np.int64), return_counts=True
+    )
     out = np.array(logits, dtype=np.float32, copy=True)
     vals = out[recent]
-    out[recent] = np.where(vals <= 0, vals * params.repeat_penalty, vals / params.repeat_penalty)
+    if params.repeat_penalty != 1.0:
+        vals = np.where(vals <= 0, vals * params.repeat_penalty, vals / params.repeat_penalty)
+    if params.frequency_penalty or params.presence_penalty:
+        vals = vals - (counts * params.frequency_penalty + params.presence_penalty).astype(np.float32)
+    out[recent] = vals
     return out
 
 

@@ -62,7 +62,7 @@ def verify(
     ``context`` ends with the pending token (only its last ``repeat_last_n`` tokens matter).
     Greedy: accept while the draft equals the target's argmax. Otherwise: exact rejection sampling.
     """
-    window = list(context[-params.repeat_last_n :]) if params.repeat_penalty != 1.0 else []
+    window = list(context[-params.repeat_last_n :]) if params.penalizes else []
     out: list[int] = []
     from_draft: list[bool] = []
     for i, d in enumerate(proposal.tokens):
