@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import sys
@@ -9,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from app.gguf.split import part_names, split_info
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -22,6 +25,7 @@ __all__ = [
     "CatalogError",
     "CatalogModel",
     "Pair",
+    "PartFile",
     "QuantFile",
     "default_catalog",
     "load_catalog",
@@ -88,13 +92,39 @@ def validate_filename(filename: object, *, allow_subfolder: bool = False) -> str
 
 
 @dataclass(frozen=True)
+class PartFile:
+    """One part of a split GGUF (``name-00001-of-00003.gguf``) and its size."""
+
+    file: str
+    size: int
+
+
+@dataclass(frozen=True)
 class QuantFile:
-    """One downloadable GGUF file of a model at one quantization."""
+    """A model at one quantization: one GGUF file, or a split GGUF published as parts.
+
+    For a split model `file` is the first part (what llama.cpp opens), `parts` lists every part in order
+    and `size` is their sum.
+    """
 
     quant: str
     file: str
     size: int
     size_approx: bool = False
+    parts: tuple[PartFile, ...] = ()
+
+    @property
+    def split(self) -> bool:
+        return bool(self.parts)
+
+    @property
+    def downloads(self) -> tuple[PartFile, ...]:
+        """The files to fetch: every part of a split model, else the one file."""
+        return self.parts or (PartFile(self.file, self.size),)
+
+    def names(self) -> tuple[str, ...]:
+        """Every file name of the model (the parts of a split one)."""
+        return tuple(p.file for p in self.downloads)
 
 
 @dataclass(frozen=True)
@@ -162,23 +192,43 @@ class Catalog:
                 return p
         raise CatalogError(f"unknown pair id {pair_id!r}")
 
+    def to_data(self) -> dict[str, Any]:
+        """The catalog as plain data (for JSON): pairs in order, and each model with its facts and, per
+        quantization, its file's repo, name, size and parts (a single file is its own one part)."""
+        return {
+            "schema": SCHEMA_VERSION,
+            "pairs": [dataclasses.asdict(p) for p in self.pairs],
+            "models": {m.id: _model_data(m) for m in self.models.values()},
+        }
+
     def find_file(self, repo_id: str, filename: str) -> tuple[CatalogModel, QuantFile] | None:
-        """The catalog model and quantization a Hub file is, or None (repo ids compare case-insensitively)."""
+        """The catalog model and quantization a Hub file is (any part of a split one), or None (repo ids
+        compare case-insensitively)."""
         for m in self.models.values():
             if m.repo.lower() != repo_id.lower():
                 continue
             for qf in m.files.values():
-                if qf.file == filename:
+                if filename in qf.names():
                     return m, qf
         return None
 
     def find_filename(self, filename: str) -> tuple[CatalogModel, QuantFile] | None:
-        """Match on the file name alone (for files in user folders)."""
+        """Match on the file name alone (for files in user folders; any part of a split model)."""
         for m in self.models.values():
             for qf in m.files.values():
-                if qf.file.lower() == filename.lower():
+                if filename.lower() in (n.lower() for n in qf.names()):
                     return m, qf
         return None
+
+
+def _model_data(m: CatalogModel) -> dict[str, Any]:
+    facts = {f.name: getattr(m, f.name) for f in dataclasses.fields(m) if f.name not in ("id", "files")}
+    files = {
+        q: {"quant": q, "repo": m.repo, "file": qf.file, "size": qf.size, "size_approx": qf.size_approx,
+            "split": qf.split, "parts": [dataclasses.asdict(p) for p in qf.downloads]}
+        for q, qf in m.files.items()
+    }  # fmt: skip
+    return {**facts, "files": files}
 
 
 # ------------------------------------------------------------------------------------------- parsing
@@ -208,6 +258,49 @@ def _positive(value: int, key: str, where: str) -> int:
     return value
 
 
+def _parse_file(quant: str, fentry: Mapping[str, Any], where: str) -> QuantFile:
+    """One quantization's file: ``file`` and ``size``, or for a split GGUF ``file`` (the first part) and
+    ``parts`` (every part's ``file`` and ``size``, in order; ``size`` may be left out: it is their sum)."""
+    try:
+        fname = validate_filename(_get(fentry, "file", str, where))
+    except CatalogError as e:
+        raise CatalogError(f"{where}: {e}") from None
+    approx = fentry.get("size_approx", False)
+    if not isinstance(approx, bool):
+        raise CatalogError(f"{where}: 'size_approx' must be a boolean")
+    if "parts" not in fentry:
+        if split_info(fname) is not None:
+            raise CatalogError(f"{where}: {fname!r} is one part of a split model: list every part in 'parts'")
+        size = _positive(_get(fentry, "size", int, where), "size", where)
+        return QuantFile(quant=quant, file=fname, size=size, size_approx=approx)
+    raw = _get(fentry, "parts", list, where)
+    parts = tuple(_parse_part(p, i, where) for i, p in enumerate(raw))
+    info = split_info(fname)
+    if info is None or info[1] != 1:
+        raise CatalogError(
+            f"{where}: {fname!r} must be the first part of a split model, like name-00001-of-00003.gguf"
+        )
+    expected = part_names(fname)
+    if [p.file for p in parts] != expected:
+        raise CatalogError(f"{where}: 'parts' must be {', '.join(expected)} in this order")
+    total = sum(p.size for p in parts)
+    size = fentry.get("size", total)
+    if isinstance(size, bool) or not isinstance(size, int) or size != total:
+        raise CatalogError(f"{where}: 'size' must be the sum of the parts ({total}), got {size!r}")
+    return QuantFile(quant=quant, file=fname, size=total, size_approx=approx, parts=parts)
+
+
+def _parse_part(entry: Any, index: int, where: str) -> PartFile:
+    pwhere = f"{where} part {index + 1}"
+    if not isinstance(entry, Mapping):
+        raise CatalogError(f"{pwhere}: must be a table with 'file' and 'size'")
+    try:
+        name = validate_filename(_get(entry, "file", str, pwhere))
+    except CatalogError as e:
+        raise CatalogError(f"{pwhere}: {e}") from None
+    return PartFile(name, _positive(_get(entry, "size", int, pwhere), "size", pwhere))
+
+
 def _parse_model(entry: Any, index: int) -> CatalogModel:
     if not isinstance(entry, Mapping):
         raise CatalogError(f"model #{index + 1}: must be a table")
@@ -232,15 +325,7 @@ def _parse_model(entry: Any, index: int) -> CatalogModel:
             raise CatalogError(f"{fwhere}: quantization names look like 'Q4_K_M'")
         if not isinstance(fentry, Mapping):
             raise CatalogError(f"{fwhere}: must be a table with 'file' and 'size'")
-        try:
-            fname = validate_filename(_get(fentry, "file", str, fwhere))
-        except CatalogError as e:
-            raise CatalogError(f"{fwhere}: {e}") from None
-        size = _positive(_get(fentry, "size", int, fwhere), "size", fwhere)
-        approx = fentry.get("size_approx", False)
-        if not isinstance(approx, bool):
-            raise CatalogError(f"{fwhere}: 'size_approx' must be a boolean")
-        files[quant] = QuantFile(quant=quant, file=fname, size=size, size_approx=approx)
+        files[quant] = _parse_file(quant, fentry, fwhere)
     default_quant = entry.get("default_quant", DEFAULT_QUANT)
     if default_quant not in files:
         raise CatalogError(

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TextIO
 
 from . import fit as fitmod
-from .catalog import CatalogError, default_catalog
+from .catalog import CatalogError, CatalogModel, QuantFile, default_catalog
 from .hf_cache import hub_cache_dir
 from .hub_errors import HubError
 from .library import list_local, list_partials
@@ -56,23 +56,20 @@ def cmd_models_catalog(args: argparse.Namespace) -> int:
     except CatalogError as e:
         return _err(str(e))
     if getattr(args, "json", False):
-        data = {
-            "pairs": [p.__dict__ for p in cat.pairs],
-            "models": {
-                m.id: {"repo": m.repo, "params": m.params, "license": m.license, "gated": m.gated,
-                       "files": {q: f.__dict__ for q, f in m.files.items()}}
-                for m in cat.models.values()
-            },
-        }  # fmt: skip
-        print(json.dumps(data, indent=2))
+        print(json.dumps(cat.to_data(), indent=2))
         return EXIT_OK
+
+    def line(role: str, m: CatalogModel, qf: QuantFile) -> str:
+        parts = f", {len(qf.parts)} parts" if qf.split else ""
+        return f"  {role:<7} {m.name:<28} {m.repo}/{qf.file} ({qf.quant}, {format_bytes(qf.size)}{parts})"
+
     for p in cat.pairs:
         t, d = cat.model(p.target), cat.model(p.draft)
         tf, df = t.file(), d.file()
         approx = "~" if tf.size_approx or df.size_approx else ""
         print(f"{p.id}")
-        print(f"  target  {t.name:<28} {t.repo}/{tf.file} ({tf.quant}, {format_bytes(tf.size)})")
-        print(f"  draft   {d.name:<28} {d.repo}/{df.file} ({df.quant}, {format_bytes(df.size)})")
+        print(line("target", t, tf))
+        print(line("draft", d, df))
         gated = "  [gated: needs HF_TOKEN]" if t.gated or d.gated else ""
         print(f"  total   {approx}{format_bytes(tf.size + df.size)}, draft n_max={p.n_max} p_min={p.p_min}, "
               f"licence {t.license}{gated}")  # fmt: skip

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from app.gguf.split import part_names, split_info
 from models_registry.catalog import (
     CatalogError,
+    PartFile,
     default_catalog,
     load_catalog,
     loads_catalog,
@@ -70,8 +72,73 @@ def test_real_catalog_loads() -> None:
         assert t.file().file.endswith(".gguf") and t.default_quant in t.files
     coder = cat.model("qwen2.5-coder-7b-instruct")
     assert coder.repo == "Qwen/Qwen2.5-Coder-7B-Instruct-GGUF"
-    assert coder.file("Q4_K_M").file == "qwen2.5-coder-7b-instruct-q4_k_m.gguf"
+    q4 = coder.file("Q4_K_M")
+    assert q4.file == "qwen2.5-coder-7b-instruct-q4_k_m-00001-of-00002.gguf" and q4.split
+    assert q4.size == 3_993_201_376 + 689_872_288 and not q4.size_approx
     assert cat.find_file("qwen/qwen2.5-coder-7b-instruct-gguf", coder.file().file) == (coder, coder.file())
+    assert cat.find_file(coder.repo, q4.parts[1].file) == (coder, q4)  # any part names the model
+    # the two files the benchmarks use, at the sizes on this machine's disk
+    assert cat.model("qwen2.5-coder-1.5b-instruct").file("Q4_K_M").size == 1_117_320_768
+    assert cat.model("qwen2.5-coder-0.5b-instruct").file("Q4_K_M").size == 491_400_064
+
+
+def test_every_catalog_file_has_a_positive_size_and_consistent_parts() -> None:
+    cat = default_catalog()
+    assert any(qf.split for m in cat.models.values() for qf in m.files.values())
+    for m in cat.models.values():
+        for qf in m.files.values():
+            where = f"{m.id} {qf.quant}"
+            assert qf.size > 0 and all(p.size > 0 for p in qf.downloads), where
+            assert qf.size == sum(p.size for p in qf.downloads), where
+            if qf.split:
+                names = [p.file for p in qf.parts]
+                assert names == part_names(qf.file) and len(names) >= 2, where
+                assert [split_info(n)[1:] for n in names] == [
+                    (i, len(names)) for i in range(1, len(names) + 1)
+                ]
+                assert qf.file == names[0], where
+            else:
+                assert split_info(qf.file) is None and qf.downloads == (PartFile(qf.file, qf.size),), where
+    # the laptop pairs: a small target and its draft, no GPU needed
+    for pid in ("qwen2.5-coder-1.5b+0.5b", "qwen2.5-coder-3b+0.5b", "qwen3-1.7b+0.6b", "qwen3-4b+0.6b",
+                "llama-3.2-3b+1b"):  # fmt: skip
+        p = cat.pair(pid)
+        assert cat.model(p.target).file().size + cat.model(p.draft).file().size < 5_000_000_000
+
+
+SPLIT = """
+[model.files.Q8_0]
+file = "big-q8_0-00001-of-00003.gguf"
+parts = [
+  { file = "big-q8_0-00001-of-00003.gguf", size = 400 },
+  { file = "big-q8_0-00002-of-00003.gguf", size = 300 },
+  { file = "big-q8_0-00003-of-00003.gguf", size = 100 },
+]
+"""
+
+
+def test_split_files_are_parsed_and_checked() -> None:
+    cat = loads_catalog(text().replace("[[model]]", SPLIT + "\n[[model]]", 2).replace(SPLIT, "", 1))
+    qf = cat.model("big").file("Q8_0")
+    assert (qf.file, qf.size, qf.split) == ("big-q8_0-00001-of-00003.gguf", 800, True)
+    assert qf.names() == tuple(part_names(qf.file))
+    assert cat.find_filename("BIG-Q8_0-00003-of-00003.gguf") == (cat.model("big"), qf)
+
+    def broken(split: str, match: str) -> None:
+        with pytest.raises(CatalogError, match=match):
+            loads_catalog(text().replace("[[model]]", split + "\n[[model]]", 2).replace(split, "", 1))
+
+    broken(SPLIT.replace("size = 100", "size = 0"), "part 3: field 'size' must be positive")
+    broken(SPLIT.replace("00003-of-00003.gguf\", size = 100", "00004-of-00003.gguf\", size = 100"),
+           "'parts' must be big-q8_0-00001-of-00003.gguf, big-q8_0-00002")  # fmt: skip
+    broken(SPLIT.replace('file = "big-q8_0-00001-of-00003.gguf"\n', 'file = "big-q8_0.gguf"\n', 1),
+           "must be the first part of a split model")  # fmt: skip
+    broken(
+        SPLIT.replace("parts = [", "size = 801\nparts = ["), r"'size' must be the sum of the parts \(800\)"
+    )
+    broken(SPLIT.split("parts")[0] + "size = 10\n", "is one part of a split model: list every part")
+    first = '{ file = "big-q8_0-00001-of-00003.gguf", size = 400 }'
+    broken(SPLIT.replace(first, "'big-q8_0-00001-of-00003.gguf'"), "part 1: must be a table")
 
 
 def test_minimal_catalog_ok() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 
 from fakehub import FakeHub
 from models_registry import cli, fit, refs
+from models_registry.catalog import default_catalog
 from models_registry.fit import Gpu, Machine
 from models_registry.remote import HfRef
 
@@ -35,8 +37,31 @@ def test_models_catalog(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["models", "catalog"]) == 0
     out = capsys.readouterr().out
     assert "qwen2.5-coder-7b+0.5b" in out and "Qwen/Qwen2.5-Coder-7B-Instruct-GGUF" in out
+    assert "qwen2.5-coder-7b-instruct-q4_k_m-00001-of-00002.gguf (Q4_K_M, 4.7 GB, 2 parts)" in out
+
     assert cli.main(["models", "catalog", "--json"]) == 0
-    assert '"pairs"' in capsys.readouterr().out
+    data = json.loads(capsys.readouterr().out)
+    cat = default_catalog()
+    assert [p["id"] for p in data["pairs"]] == [p.id for p in cat.pairs]
+    assert data["pairs"][0].keys() == {"id", "target", "draft", "n_max", "p_min", "good_for"}
+    assert data["models"].keys() == cat.models.keys()
+    q4 = data["models"]["qwen2.5-coder-7b-instruct"]["files"]["Q4_K_M"]
+    assert q4["repo"] == "Qwen/Qwen2.5-Coder-7B-Instruct-GGUF" and q4["split"]
+    assert q4["parts"] == [
+        {"file": "qwen2.5-coder-7b-instruct-q4_k_m-00001-of-00002.gguf", "size": 3_993_201_376},
+        {"file": "qwen2.5-coder-7b-instruct-q4_k_m-00002-of-00002.gguf", "size": 689_872_288},
+    ]
+    assert q4["file"] == q4["parts"][0]["file"] and q4["size"] == 4_683_073_664
+    for mid, model in data["models"].items():
+        assert model["n_layers"] == cat.model(mid).n_layers and model["files"]
+        for quant, f in model["files"].items():
+            assert (
+                f["quant"] == quant
+                and f["repo"] == model["repo"]
+                and f["size"] == cat.model(mid).file(quant).size
+            )
+            assert f["size"] == sum(p["size"] for p in f["parts"]) and f["parts"][0]["file"] == f["file"]
+            assert f["split"] == (len(f["parts"]) > 1)
 
 
 def test_models_fit(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
