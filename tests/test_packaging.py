@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import hashlib
 import io
 import os
 import re
@@ -10,6 +11,7 @@ import runpy
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -203,6 +205,201 @@ def test_self_test_reports_missing_models(monkeypatch, tmp_path):
         selftest.find_models(None)
     target, draft, where = selftest.find_models(tmp_path)
     assert target.is_file() and draft.is_file() and where.startswith("generated")
+
+
+# install-dev.sh chooses llama.cpp's backend: run its choice (TANDEM_DRY_RUN=1) with fake uname, nvcc and
+# nvidia-smi on a PATH that holds nothing else of this machine's GPU tools
+
+_TOOLS = ("dirname", "grep", "cut", "sed", "head", "tr", "sort", "sha256sum", "mkdir", "env")
+_NVCC = """#!/bin/sh
+echo 'nvcc: NVIDIA (R) Cuda compiler driver'
+echo 'Cuda compilation tools, release 12.6, V12.6.85'
+"""
+_SMI_GPU = """#!/bin/sh
+case "$1" in
+  -L) echo 'GPU 0: NVIDIA GeForce RTX 3060 (UUID: GPU-0123)' ;;
+  --query-gpu=compute_cap) echo '8.6' ;;
+esac
+"""
+_SMI_NO_GPU = """#!/bin/sh
+echo 'NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.'
+exit 9
+"""
+
+
+def _write_tool(folder: Path, name: str, text: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text(text, encoding="utf-8")
+    (folder / name).chmod(0o755)
+
+
+def _install_dev_choice(
+    tmp_path: Path, *, system="Linux", machine="x86_64", nvcc=False, smi: str | None = None, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """Run ``TANDEM_DRY_RUN=1 bash packaging/install-dev.sh`` with a PATH of fakes and the tools it needs."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    fake = Path(tempfile.mkdtemp(prefix="fake-bin-", dir=tmp_path))  # fresh fakes for each run
+    _write_tool(
+        fake,
+        "uname",
+        f'#!/bin/sh\ncase "$1" in -s) echo {system};; -m) echo {machine};; '
+        f"*) echo {system} {machine};; esac\n",
+    )
+    if nvcc:
+        _write_tool(fake, "nvcc", _NVCC)
+    if smi is not None:
+        _write_tool(fake, "nvidia-smi", smi)
+    tools = tmp_path / "tools"
+    tools.mkdir(exist_ok=True)
+    for tool in _TOOLS:
+        real = shutil.which(tool)
+        assert real, tool
+        if not (tools / tool).exists():
+            (tools / tool).symlink_to(real)
+    base = {
+        "PATH": f"{fake}{os.pathsep}{tools}",
+        "HOME": str(tmp_path),
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        "CUDA_HOME": str(tmp_path / "no-cuda"),
+        "TANDEM_DRY_RUN": "1",
+        "TANDEM_PORTABLE": "1",  # the CPU flags without this machine's AVX-512
+    }
+    return subprocess.run(
+        [shutil.which("bash") or "/bin/bash", str(PACKAGING / "install-dev.sh")],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def _choice(proc: subprocess.CompletedProcess[str]) -> dict[str, str]:
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    return {
+        "backend": lines[0],
+        "what": lines[1],
+        "cmake_args": lines[2].removeprefix("CMAKE_ARGS: "),
+        "wheels": lines[3].removeprefix("wheels: "),
+    }
+
+
+@pytest.mark.skipif(not shutil.which("sha256sum"), reason="needs GNU coreutils (sha256sum)")
+@pytest.mark.skipif(Path("/dev/nvidia0").exists(), reason="this machine has an NVIDIA GPU")
+def test_install_dev_chooses_the_backend(tmp_path):
+    subprocess.run(["bash", "-n", str(PACKAGING / "install-dev.sh")], check=True)
+    assert "set -euo pipefail" in (PACKAGING / "install-dev.sh").read_text(encoding="utf-8")
+
+    # the CUDA toolkit without a GPU (this machine, CI): the CPU, with the flags and cache key as before
+    c = _choice(_install_dev_choice(tmp_path, nvcc=True, smi=_SMI_NO_GPU))
+    assert c["backend"].startswith("backend: cpu (CUDA toolkit found") and "no NVIDIA GPU" in c["backend"]
+    assert c["what"] == "llama-cpp-python 0.3.36 for CPU (AVX2)"
+    assert c["cmake_args"] == "-DGGML_NATIVE=OFF "
+    key = hashlib.sha256(b"0.3.36 -DGGML_NATIVE=OFF  Linux x86_64").hexdigest()[:16]
+    assert c["wheels"] == str(tmp_path / "cache" / "tandem" / "wheels" / key)  # build.sh's key too
+
+    # toolkit and GPU: CUDA, for the GPU's compute capability
+    c = _choice(_install_dev_choice(tmp_path, nvcc=True, smi=_SMI_GPU))
+    assert c["backend"] == "backend: cuda (CUDA toolkit and an NVIDIA GPU found)"
+    assert c["what"].startswith("llama-cpp-python 0.3.36 for CUDA (nvcc 12.6 at ")
+    assert "GPU: NVIDIA GeForce RTX 3060, architectures 86)" in c["what"]
+    assert c["cmake_args"] == "-DGGML_NATIVE=OFF -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=86"
+
+    # nvcc found in $CUDA_HOME/bin rather than on PATH
+    cuda_home = tmp_path / "cuda"
+    _write_tool(cuda_home / "bin", "nvcc", _NVCC)
+    c = _choice(_install_dev_choice(tmp_path / "b", smi=_SMI_GPU, CUDA_HOME=str(cuda_home)))
+    assert c["backend"].startswith("backend: cuda") and f"at {cuda_home}/bin/nvcc;" in c["what"]
+
+    # a GPU without the toolkit, and neither: the CPU
+    c = _choice(_install_dev_choice(tmp_path / "c", smi=_SMI_GPU))
+    assert c["backend"].startswith("backend: cpu (NVIDIA GPU found but no CUDA toolkit")
+    c = _choice(_install_dev_choice(tmp_path / "d"))
+    assert c["backend"] == "backend: cpu (no GPU backend found)" and c["cmake_args"] == "-DGGML_NATIVE=OFF "
+
+    # Apple Silicon: Metal (the flags build.sh uses on macOS, so the same cached wheel); an Intel Mac: CPU
+    c = _choice(_install_dev_choice(tmp_path / "e", system="Darwin", machine="arm64", nvcc=True))
+    assert c["backend"] == "backend: metal (Apple Silicon)"
+    assert c["cmake_args"] == "-DGGML_NATIVE=OFF -DGGML_METAL=on"
+    assert c["what"] == "llama-cpp-python 0.3.36 for Metal"
+    c = _choice(_install_dev_choice(tmp_path / "f", system="Darwin", machine="x86_64"))
+    assert c["backend"].startswith("backend: cpu") and c["cmake_args"] == "-DGGML_NATIVE=OFF -DGGML_METAL=off"
+
+
+@pytest.mark.skipif(not shutil.which("sha256sum"), reason="needs GNU coreutils (sha256sum)")
+def test_install_dev_backend_overrides(tmp_path):
+    # TANDEM_CMAKE_ARGS with a GPU backend: no choice of ours, its flags as given
+    c = _choice(_install_dev_choice(tmp_path, nvcc=True, smi=_SMI_GPU, TANDEM_CMAKE_ARGS="-DGGML_VULKAN=on"))
+    assert c["backend"] == "backend: custom (TANDEM_CMAKE_ARGS sets GGML_VULKAN)"
+    assert c["cmake_args"] == "-DGGML_NATIVE=OFF -DGGML_VULKAN=on"
+    cuda = "-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=75-real"
+    c = _choice(_install_dev_choice(tmp_path, TANDEM_CMAKE_ARGS=cuda))
+    assert c["backend"].startswith("backend: custom") and c["cmake_args"] == f"-DGGML_NATIVE=OFF {cuda}"
+    # other flags are appended to the choice
+    c = _choice(_install_dev_choice(tmp_path, nvcc=True, smi=_SMI_GPU, TANDEM_CMAKE_ARGS="-DLLAMA_CURL=OFF"))
+    assert c["cmake_args"].endswith("-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=86 -DLLAMA_CURL=OFF")
+
+    # TANDEM_BACKEND forces: the CPU on a GPU machine, CUDA without a GPU (llama.cpp's architectures)
+    c = _choice(_install_dev_choice(tmp_path, nvcc=True, smi=_SMI_GPU, TANDEM_BACKEND="cpu"))
+    assert c["backend"] == "backend: cpu (TANDEM_BACKEND=cpu)" and c["cmake_args"] == "-DGGML_NATIVE=OFF "
+    c = _choice(_install_dev_choice(tmp_path, nvcc=True, smi=_SMI_NO_GPU, TANDEM_BACKEND="cuda"))
+    assert c["cmake_args"] == "-DGGML_NATIVE=OFF -DGGML_CUDA=on" and "GPU: none found" in c["what"]
+
+    for env, error in (
+        ({"TANDEM_BACKEND": "cuda"}, "TANDEM_BACKEND=cuda: no nvcc"),
+        ({"TANDEM_BACKEND": "metal"}, "TANDEM_BACKEND=metal needs macOS"),
+        ({"TANDEM_BACKEND": "gpu"}, "TANDEM_BACKEND must be cpu, cuda or metal"),
+    ):
+        proc = _install_dev_choice(tmp_path, **env)
+        assert proc.returncode == 1 and error in proc.stderr and not proc.stdout, env
+
+
+@pytest.mark.skipif(not shutil.which("sha256sum"), reason="needs GNU coreutils (sha256sum)")
+def test_install_dev_builds_with_the_chosen_flags(tmp_path):
+    """The build itself (not a dry run), with a fake .venv/bin/python that records how pip is called."""
+    checkout = tmp_path / "checkout"
+    (checkout / "packaging").mkdir(parents=True)
+    shutil.copy(PACKAGING / "install-dev.sh", checkout / "packaging" / "install-dev.sh")
+    log = tmp_path / "pip.log"
+    _write_tool(
+        checkout / ".venv" / "bin",
+        "python",
+        f'#!/bin/sh\necho "CMAKE_ARGS=$CMAKE_ARGS CUDACXX=${{CUDACXX:-}} ARGS=$*" >> {log}\n',
+    )
+    tools = tmp_path / "tools"
+    _install_dev_choice(tmp_path)  # makes the tools folder
+    fake = tmp_path / "gpu-bin"
+    _write_tool(
+        fake,
+        "uname",
+        '#!/bin/sh\ncase "$1" in -s) echo Linux;; -m) echo x86_64;; *) echo Linux x86_64;; esac\n',
+    )
+    _write_tool(fake, "nvcc", _NVCC)
+    _write_tool(fake, "nvidia-smi", _SMI_GPU)
+    env = {
+        "PATH": f"{fake}{os.pathsep}{tools}",
+        "HOME": str(tmp_path),
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        "TANDEM_PORTABLE": "1",
+    }
+    bash = shutil.which("bash") or "/bin/bash"
+    for backend, what in (("cuda", "CUDA (nvcc 12.6"), ("cpu", "CPU (AVX2)")):
+        proc = subprocess.run(
+            [bash, str(checkout / "packaging" / "install-dev.sh")],
+            env={**env, "TANDEM_BACKEND": backend},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert f"building llama-cpp-python 0.3.36 for {what}" in proc.stderr
+    wheel, install, cpu_wheel, _ = log.read_text(encoding="utf-8").splitlines()
+    cuda_args = "-DGGML_NATIVE=OFF -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=86"
+    assert wheel.startswith(f"CMAKE_ARGS={cuda_args} CUDACXX={fake}/nvcc ARGS=-m pip wheel")
+    assert wheel.endswith("llama-cpp-python==0.3.36") and "ARGS=-m pip install" in install
+    assert cpu_wheel.startswith("CMAKE_ARGS=-DGGML_NATIVE=OFF  CUDACXX= ARGS=-m pip wheel")
 
 
 # --------------------------------------------------------------------------------------------------
