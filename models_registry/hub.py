@@ -1,4 +1,5 @@
-"""Resumable, verified downloads of single Hub files into the standard Hugging Face cache.
+"""Resumable, verified downloads of Hub files into the standard Hugging Face cache: single files, and
+models published as split GGUFs (every part under one progress).
 
 The public face of the Hub client; the work is done in modules that each own one part:
 
@@ -8,6 +9,7 @@ The public face of the Hub client; the work is done in modules that each own one
 - `hf_cache`: the cache location and layout (``blobs/``, ``snapshots/``, ``refs/``)
 - `resolve`: `resolve_file`, what the Hub says about a file (size, hash, commit, location)
 - `transfer`: `download`, the resumable, cancellable, verified transfer of one file
+- `parts`: a model's files (one GGUF or the parts of a split one): `download_model`, `cached_model`
 - `progress`, `verify`: progress reports and hashing used by `transfer`
 
 Environment, read at call time: ``HF_HUB_CACHE`` / ``HF_HOME`` (cache location), ``HF_ENDPOINT``,
@@ -28,6 +30,7 @@ from .hub_errors import (
     TransferError,
 )
 from .hub_settings import LIBRARY_NAME, hub_endpoint, is_offline
+from .parts import cached_model, download_model, first_part_path, model_bytes, part_paths
 from .progress import PROGRESS_INTERVAL, SPEED_WINDOW, ProgressCallback
 from .resolve import RemoteFileInfo, resolve_file
 from .retry import RetryPolicy
@@ -51,11 +54,16 @@ __all__ = [
     "RemoteFileInfo",
     "RetryPolicy",
     "TransferError",
+    "cached_model",
     "cached_path",
     "download",
+    "download_model",
+    "first_part_path",
     "hub_cache_dir",
     "hub_endpoint",
     "is_offline",
+    "model_bytes",
+    "part_paths",
     "partial_path",
     "resolve_file",
     "storage_folder",

@@ -1,5 +1,7 @@
 """The local model library: GGUF files in the Hugging Face cache and in user-added folders.
 
+A split GGUF (``name-00001-of-00003.gguf`` and its siblings) is one model, listed once as its first part
+with every part's bytes; in the cache a split model with parts still missing is a partial download.
 Listing never touches the network. Deleting is explicit and narrow: one cache revision (through
 huggingface_hub's own delete strategy, so shared blobs stay intact) or one ``*.gguf`` file inside a
 user folder. Asking the user for confirmation is the caller's job.
@@ -7,6 +9,7 @@ user folder. Asking the user for confirmation is the caller's job.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Iterable, Sequence
@@ -18,8 +21,11 @@ import platformdirs
 from huggingface_hub import scan_cache_dir
 from huggingface_hub.errors import CacheNotFound
 
+from app.gguf.split import model_parts, split_info
+
 from .catalog import Catalog, default_catalog
 from .hf_cache import hub_cache_dir
+from .parts import model_bytes, part_paths
 
 __all__ = [
     "LibraryError",
@@ -32,6 +38,7 @@ __all__ = [
     "list_local",
     "list_partials",
     "load_folders",
+    "model_bytes",
     "remove_folder",
     "save_folders",
 ]
@@ -43,7 +50,7 @@ class LibraryError(Exception):
 
 @dataclass(frozen=True)
 class LocalModel:
-    """One GGUF file on disk."""
+    """One model on disk: a GGUF file, or a split GGUF as its first part (`size` counts every part)."""
 
     path: Path
     size: int
@@ -54,19 +61,31 @@ class LocalModel:
     refs: tuple[str, ...] = ()  # branches/tags pointing at that commit
     catalog_id: str | None = None
     quant: str | None = None
+    parts: int = 1  # files of a split model
+    missing: tuple[str, ...] = ()  # parts not on disk (user folders only: the cache lists whole models)
 
     @property
     def display_name(self) -> str:
         return f"{self.repo_id}/{self.filename}" if self.repo_id else str(self.path)
 
+    @property
+    def complete(self) -> bool:
+        """Every part is on disk (always, for a single file)."""
+        return not self.missing
+
 
 @dataclass(frozen=True)
 class PartialDownload:
-    """An interrupted download (``blobs/<sha256>.incomplete``) that a new download will resume."""
+    """An interrupted download that a new download resumes: a ``blobs/<sha256>.incomplete`` file, or a
+    split model some of whose parts are finished (then `path` is its first part in the snapshot,
+    `filename` that part's path in the repo, `missing` the parts not finished, and `size` every byte
+    downloaded for it, the repository's unfinished blobs included)."""
 
     path: Path
     size: int
     repo_id: str | None
+    filename: str | None = None
+    missing: tuple[str, ...] = ()
 
 
 # -------------------------------------------------------------------------------------------- folders
@@ -125,60 +144,107 @@ def _scan(cache_dir: Path):  # -> HFCacheInfo | None
         return None
 
 
+@dataclass(frozen=True)
+class _Model:
+    """A model among listed files: its first part's path (in the repo or folder) and where it is."""
+
+    name: str
+    path: Path
+    size: int
+    parts: int
+    missing: tuple[str, ...]
+
+
+def _models(files: Iterable[tuple[str, Path, int]]) -> list[_Model]:
+    """Group files (path in the repo or folder, path on disk, bytes) into models: a split GGUF's parts
+    into one model named by its first part, in the order of the files."""
+    groups: dict[str, list[tuple[str, Path, int]]] = {}
+    for name, path, size in files:
+        groups.setdefault(part_paths(name)[0], []).append((name, path, size))
+    out = []
+    for first, members in groups.items():
+        names = part_paths(first)
+        have = {n for n, _, _ in members}
+        path = members[0][1].with_name(first.rsplit("/", 1)[-1])
+        missing = tuple(n for n in names if n not in have)
+        out.append(_Model(first, path, sum(size for _, _, size in members), len(names), missing))
+    return out
+
+
+def _cache_models(info, cat: Catalog | None) -> tuple[list[LocalModel], list[PartialDownload]]:
+    """The whole models in the cache `info` (an ``HFCacheInfo``; matched to `cat`, if given), and the
+    split models with parts still missing."""
+    whole: list[LocalModel] = []
+    partial: list[PartialDownload] = []
+    for repo in sorted(info.repos, key=lambda r: r.repo_id.lower()):
+        if repo.repo_type != "model":
+            continue
+        for rev in sorted(repo.revisions, key=lambda r: -r.last_modified):
+            files = [
+                (f.file_path.relative_to(rev.snapshot_path).as_posix(), f.file_path, f.size_on_disk)
+                for f in sorted(rev.files, key=lambda f: f.file_name)
+            ]
+            for m in _models((n, p, size) for n, p, size in files if n.lower().endswith(".gguf")):
+                if m.missing:
+                    partial.append(PartialDownload(m.path, m.size, repo.repo_id, m.name, m.missing))
+                    continue
+                match = cat.find_file(repo.repo_id, m.name) if cat is not None else None
+                whole.append(LocalModel(
+                    path=m.path, size=m.size, source="hf-cache", repo_id=repo.repo_id, filename=m.name,
+                    commit=rev.commit_hash, refs=tuple(sorted(rev.refs)), parts=m.parts,
+                    catalog_id=match[0].id if match else None, quant=match[1].quant if match else None,
+                ))  # fmt: skip
+    return whole, partial
+
+
 def list_local(
     *,
     cache_dir: str | os.PathLike[str] | None = None,
     folders: Sequence[str | os.PathLike[str]] | None = None,
     catalog: Catalog | None = None,
 ) -> list[LocalModel]:
-    """GGUF files in the HF cache (every cached revision) and directly inside `folders`
-    (default: the saved user folders), each matched to a catalog entry when it is one."""
+    """Models in the HF cache (every cached revision; a split model once all its parts are there) and
+    directly inside `folders` (default: the saved user folders; a split model with parts missing is
+    listed with them in `missing`), each matched to a catalog entry when it is one, complete."""
     cat = catalog or default_catalog()
     cache = Path(cache_dir) if cache_dir is not None else hub_cache_dir()
-    out: list[LocalModel] = []
     info = _scan(cache)
-    if info is not None:
-        for repo in sorted(info.repos, key=lambda r: r.repo_id.lower()):
-            if repo.repo_type != "model":
-                continue
-            for rev in sorted(repo.revisions, key=lambda r: -r.last_modified):
-                for f in sorted(rev.files, key=lambda f: f.file_name):
-                    rel = f.file_path.relative_to(rev.snapshot_path).as_posix()
-                    if not rel.lower().endswith(".gguf"):
-                        continue
-                    match = cat.find_file(repo.repo_id, rel)
-                    out.append(LocalModel(
-                        path=f.file_path, size=f.size_on_disk, source="hf-cache", repo_id=repo.repo_id,
-                        filename=rel, commit=rev.commit_hash, refs=tuple(sorted(rev.refs)),
-                        catalog_id=match[0].id if match else None, quant=match[1].quant if match else None,
-                    ))  # fmt: skip
+    out = _cache_models(info, cat)[0] if info is not None else []
     for folder in folders if folders is not None else load_folders():
         d = Path(folder).expanduser()
         if not d.is_dir():
             continue
-        for p in sorted(d.iterdir()):
-            if p.suffix.lower() != ".gguf" or not p.is_file():
-                continue
-            match = cat.find_filename(p.name)
+        files = [(p.name, p, p.stat().st_size) for p in sorted(d.iterdir())
+                 if p.suffix.lower() == ".gguf" and p.is_file()]  # fmt: skip
+        for m in _models(files):
+            match = None if m.missing else cat.find_filename(m.name)
             out.append(LocalModel(
-                path=p, size=p.stat().st_size, source="folder", filename=p.name,
+                path=m.path, size=m.size, source="folder", filename=m.name, parts=m.parts, missing=m.missing,
                 catalog_id=match[0].id if match else None, quant=match[1].quant if match else None,
             ))  # fmt: skip
     return out
 
 
 def list_partials(cache_dir: str | os.PathLike[str] | None = None) -> list[PartialDownload]:
-    """Interrupted downloads in the HF cache (resumable by downloading the same file again)."""
+    """Interrupted downloads in the HF cache (resumable by downloading the same model again). A split
+    model with some parts finished is listed once, with the repository's unfinished blobs counted in
+    when it is the only such model of its repository."""
     cache = Path(cache_dir) if cache_dir is not None else hub_cache_dir()
     info = _scan(cache)
     if info is None:
         return []
-    out = []
+    splits = _cache_models(info, None)[1]
+    out: list[PartialDownload] = []
+    blobs: dict[str | None, int] = {}
     for f in sorted(info.incomplete_files, key=lambda f: str(f.file_path)):
         folder = f.file_path.parent.parent.name  # models--owner--name
         repo = folder.split("--", 1)[1].replace("--", "/") if folder.startswith("models--") else None
-        out.append(PartialDownload(path=f.file_path, size=f.size_on_disk, repo_id=repo))
-    return out
+        if sum(p.repo_id == repo for p in splits) == 1:
+            blobs[repo] = blobs.get(repo, 0) + f.size_on_disk
+        else:
+            out.append(PartialDownload(path=f.file_path, size=f.size_on_disk, repo_id=repo))
+    folded = [dataclasses.replace(p, size=p.size + blobs.get(p.repo_id, 0)) for p in splits]
+    return folded + out
 
 
 # ------------------------------------------------------------------------------------------ deleting
@@ -211,18 +277,25 @@ def delete_cached_revision(
 def delete_user_file(
     path: str | os.PathLike[str], *, folders: Sequence[str | os.PathLike[str]] | None = None
 ) -> int:
-    """Delete a ``*.gguf`` file that sits directly inside one of the user folders; returns bytes freed.
+    """Delete a ``*.gguf`` model that sits directly inside one of the user folders (every part of a
+    split model that is there); returns bytes freed.
 
     Refuses anything else (other extensions, symlinks, files outside the folders) with `LibraryError`.
     """
     p = Path(path).expanduser()
     if p.suffix.lower() != ".gguf":
         raise LibraryError(f"refusing to delete {p}: not a .gguf file")
-    if p.is_symlink() or not p.is_file():
-        raise LibraryError(f"refusing to delete {p}: not a regular file")
+    files = [q for q in model_parts(p) if q.exists() or q.is_symlink()] if split_info(p.name) else [p]
+    if not files:
+        raise LibraryError(f"refusing to delete {p}: no part of it is on disk")
     roots = [Path(f).expanduser().resolve() for f in (folders if folders is not None else load_folders())]
-    if p.resolve().parent not in roots:
-        raise LibraryError(f"refusing to delete {p}: it is not inside one of your model folders")
-    size = p.stat().st_size
-    p.unlink()
+    for q in files:
+        if q.is_symlink() or not q.is_file():
+            raise LibraryError(f"refusing to delete {q}: not a regular file")
+        if q.resolve().parent not in roots:
+            raise LibraryError(f"refusing to delete {q}: it is not inside one of your model folders")
+    size = 0
+    for q in files:
+        size += q.stat().st_size
+        q.unlink()
     return size

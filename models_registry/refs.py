@@ -1,5 +1,6 @@
 """Model references as users type them: a local path, ``hf://owner/name/file.gguf[@rev]`` or a catalog id
-(``qwen3-8b``, ``qwen3-8b:Q8_0``); resolved to a file, and two of them checked as a target/draft pair."""
+(``qwen3-8b``, ``qwen3-8b:Q8_0``); resolved to a file, and two of them checked as a target/draft pair.
+A split GGUF may be named by any part: it resolves to its first part, cached only once every part is."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ from pathlib import Path
 
 from app.gguf.compat import Compatibility, check_compatible
 from app.gguf.meta import GGUFMetadata, read_metadata_file
+from app.gguf.split import first_part
 
 from .catalog import CatalogError, default_catalog
-from .hf_cache import cached_path
+from .parts import cached_model
 from .remote import HfRef, parse_hf_ref, read_remote_metadata
 
 __all__ = ["check_refs", "resolve_model_ref"]
@@ -25,7 +27,7 @@ def resolve_model_ref(ref: str) -> Path | HfRef:
     ref = ref.strip()
     if ref.startswith("hf://"):
         h = parse_hf_ref(ref)
-        hit = cached_path(h.repo_id, h.filename, revision=h.revision)
+        hit = cached_model(h.repo_id, h.filename, revision=h.revision)
         return hit if hit is not None else h
     p = Path(ref).expanduser()
     if p.exists():
@@ -40,7 +42,7 @@ def resolve_model_ref(ref: str) -> Path | HfRef:
         except CatalogError as e:
             raise ValueError(str(e)) from None
         repo = cat.model(model_id).repo
-        hit = cached_path(repo, qf.file)
+        hit = cached_model(repo, qf.file)
         return hit if hit is not None else HfRef(repo, qf.file)
     raise ValueError(f"{ref}: no such file, and not an hf://owner/name/file.gguf reference or catalog id")
 
@@ -49,7 +51,7 @@ def _metadata(ref: Path | HfRef) -> GGUFMetadata:
     if isinstance(ref, HfRef):
         meta, _ = read_remote_metadata(ref)
         return meta
-    return read_metadata_file(ref)
+    return read_metadata_file(first_part(ref))
 
 
 def check_refs(target_ref: str, draft_ref: str) -> Compatibility:

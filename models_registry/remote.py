@@ -3,6 +3,7 @@
 `RangeReader` is a file-like object (``read``/``tell``/``seek``) over one Hub file that fetches
 1-8 MiB ranges on demand; `app.gguf.meta.read_metadata` parses it as it would a local file and
 stops after the key/value section, so only the first megabytes (the tokenizer is most of them) travel.
+A split GGUF is read from its first part (which holds the metadata), whichever part is named.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from huggingface_hub.utils import get_session, hf_raise_for_status, httpx
 
 from app.gguf.compat import Compatibility, check_compatible
 from app.gguf.meta import GGUFMetadata, read_metadata, read_metadata_file
+from app.gguf.split import first_part, model_bytes
 
 from .catalog import CatalogError, validate_filename, validate_repo_id
 from .hub_errors import TransferError, explain_error
 from .hub_settings import has_token
+from .parts import first_part_path, part_paths
 from .resolve import RemoteFileInfo, resolve_file
 from .retry import RetryPolicy, is_transient
 
@@ -211,10 +214,14 @@ def read_remote_metadata(
     max_bytes: int = DEFAULT_MAX_METADATA_BYTES,
     policy: RetryPolicy | None = None,
 ) -> tuple[GGUFMetadata, RangeReader]:
-    """Parse the GGUF metadata of a Hub file with Range requests; returns it and the reader (for stats)."""
+    """Parse the GGUF metadata of a Hub file with Range requests; returns it and the reader (for stats).
+
+    For a split model (any of its parts named) the header is read from the first part.
+    """
     if isinstance(ref, str):
         ref = parse_hf_ref(ref)
-    info = resolve_file(ref.repo_id, ref.filename, revision=ref.revision, token=token, policy=policy)
+    first = first_part_path(ref.filename)
+    info = resolve_file(ref.repo_id, first, revision=ref.revision, token=token, policy=policy)
     reader = RangeReader(info, max_bytes=max_bytes, policy=policy)
     meta = read_metadata(reader, max_bytes=max_bytes)
     return meta, reader
@@ -223,13 +230,25 @@ def read_remote_metadata(
 def read_ref_metadata(
     ref: str | os.PathLike[str] | HfRef, **kwargs: object
 ) -> tuple[GGUFMetadata, ModelFacts]:
-    """Metadata and facts of a local GGUF path or an ``hf://`` reference (read remotely, header only)."""
+    """Metadata and facts of a local GGUF path or an ``hf://`` reference (read remotely, header only).
+
+    A split model is read from its first part; its `file_size` counts every part (for a remote one, from
+    what the Hub says of the other parts, without fetching them).
+    """
     if isinstance(ref, HfRef) or (isinstance(ref, str) and ref.startswith("hf://")):
-        meta, reader = read_remote_metadata(ref, **kwargs)  # type: ignore[arg-type]
-        return meta, model_facts(meta, file_size=reader.size, bytes_read=reader.bytes_fetched)
+        h = parse_hf_ref(ref) if isinstance(ref, str) else ref
+        meta, reader = read_remote_metadata(h, **kwargs)  # type: ignore[arg-type]
+        size = reader.size
+        for other in part_paths(h.filename)[1:]:
+            size += resolve_file(h.repo_id, other, revision=h.revision, **_resolve_kwargs(kwargs)).size
+        return meta, model_facts(meta, file_size=size, bytes_read=reader.bytes_fetched)
     path = Path(ref)
-    meta = read_metadata_file(path)
-    return meta, model_facts(meta, file_size=path.stat().st_size)
+    meta = read_metadata_file(first_part(path))
+    return meta, model_facts(meta, file_size=model_bytes(path))
+
+
+def _resolve_kwargs(kwargs: dict[str, object]) -> dict[str, object]:
+    return {k: v for k, v in kwargs.items() if k in ("token", "policy")}
 
 
 def check_pair(
