@@ -18,6 +18,8 @@ from PySide6.QtCore import QEvent, Qt
 from PySide6.QtWidgets import QApplication, QWidget
 
 from app.gguf.compat import check_files
+from app.gguf.split import part_names
+from app.tiny_gguf import write_tiny_llama
 from app.ui.catalog_table import BadgeRole, CatalogTableModel
 from app.ui.downloads import CANCELLED, DONE, FAILED
 from app.ui.downloads_view import DownloadRow, fmt_eta
@@ -289,6 +291,54 @@ def test_cancel_then_resume_completes_with_exact_bytes(make_panel, qtbot, served
     assert int(target_gets[-1][6:-1]) == partial.size
     qtbot.waitUntil(lambda: panel.row("tiny+draft").status == "installed", timeout=WAIT)
     assert not library.list_partials()
+
+
+def test_a_split_target_downloads_as_one_item_under_one_progress(
+    make_panel, qtbot, fake_hub, tiny_pair, tmp_path: Path
+) -> None:
+    first = write_tiny_llama(tmp_path / "split" / "tiny-split.gguf", n_embd=128, split_tensors=8)
+    parts = [first.with_name(n) for n in part_names(first.name)]
+    data = [p.read_bytes() for p in parts]
+    for p, d in zip(parts, data, strict=True):
+        fake_hub.add_file("acme/Tiny-Split-GGUF", p.name, d)
+    draft = tiny_pair.draft.read_bytes()
+    fake_hub.add_file(DRAFT_REPO, DRAFT_FILE, draft)
+    listing = ", ".join(f'{{ file = "{p.name}", size = {len(d)} }}' for p, d in zip(parts, data, strict=True))
+    target = _model("tiny-split", "acme/Tiny-Split-GGUF", "F32", first.name, sum(map(len, data)), 2_000_000)
+    target = target.replace(f"size = {sum(map(len, data))}", f"parts = [{listing}]")
+    pair = (
+        '[[pair]]\nid = "split+draft"\ntarget = "tiny-split"\ndraft = "tiny-draft"\nn_max = 4\np_min = 0.5\n'
+    )
+    draft_model = _model("tiny-draft", DRAFT_REPO, "Q8_0", DRAFT_FILE, len(draft), 1_000_000)
+    cat = loads_catalog(f'schema = 1\n{target}{draft_model}{pair}good_for = "Tests."\n')
+    assert cat.model("tiny-split").file().split
+    fake_hub.block_delay = 0.005
+    panel = make_panel(catalog=cat)
+    seen: dict[int, list[tuple[int, int]]] = {}
+    panel.downloads.progress.connect(lambda k, d, t: seen.setdefault(k, []).append((d, t)))
+    keys = panel.download_pair("split+draft")
+    qtbot.waitUntil(lambda: panel.row("split+draft").status == "installed", timeout=WAIT)
+
+    # one item for the three parts, found by any of them, with one progress over their bytes
+    assert len(keys) == 2 and sorted(it.filename for it in panel.downloads.items.values()) == sorted(
+        [first.name, DRAFT_FILE]
+    )
+    item = panel.downloads.find("acme/Tiny-Split-GGUF", parts[2].name)
+    assert item is not None and item.key == keys[0] and item.state == DONE
+    total = sum(map(len, data))
+    assert {t for _, t in seen[item.key]} == {total} and seen[item.key][-1] == (total, total)
+    assert item.done == item.total == total and item.parts == [p.name for p in parts]
+    row = panel.downloads_view.rows[item.key]
+    assert row.status.text().startswith("Done") and "(3 parts)" in row.status.text()
+    assert parts[1].name in row.name.toolTip()
+
+    # installed once, as its first part in the cache, beside its other parts
+    r = panel.row("split+draft")
+    assert r.target_path is not None and r.target_path.name == first.name
+    assert [r.target_path.with_name(p.name).read_bytes() for p in parts] == data
+    names = [it.data(0, Qt.ItemDataRole.UserRole).filename for it in panel.installed.model_items()]
+    assert sorted(names) == sorted([first.name, DRAFT_FILE])
+    assert panel.downloads.enqueue("acme/Tiny-Split-GGUF", parts[1].name) == item.key  # no second item
 
 
 def test_gated_and_missing_files_show_readable_errors(make_panel, qtbot, served: Served) -> None:

@@ -1,4 +1,5 @@
-"""Download queue: one Python thread runs `models_registry.hub.download` for one file at a time.
+"""Download queue: one Python thread runs `models_registry.hub.download_model` for one model at a time (a
+single GGUF, or every part of a split one under one progress, bytes summed over the parts).
 
 :class:`DownloadManager` is a QObject living in the GUI thread. Its worker thread starts when something
 is queued and ends when the queue is empty; what the worker reports crosses back through one queued
@@ -35,7 +36,8 @@ ACTIVE_STATES = (QUEUED, DOWNLOADING)
 
 
 def error_kind(e: BaseException) -> str:
-    """A short class for an error of `hub.download`: gated, not-found, offline, disk, integrity, transfer."""
+    """A short class for an error of `hub.download_model`: gated, not-found, offline, disk, integrity,
+    transfer."""
     for cls, kind in (
         (hub.GatedRepoError, "gated"),
         (hub.NotFoundError, "not-found"),
@@ -54,7 +56,7 @@ def error_kind(e: BaseException) -> str:
 
 @dataclass
 class DownloadItem:
-    """One file of the queue; changed only in the GUI thread."""
+    """One model of the queue (a split model's first part names it); changed only in the GUI thread."""
 
     key: int
     repo_id: str
@@ -85,10 +87,15 @@ class DownloadItem:
     def name(self) -> str:
         return self.label or f"{self.repo_id}/{self.filename}"
 
+    @property
+    def parts(self) -> list[str]:
+        """The model's files in the repository: every part of a split model, else the one file."""
+        return hub.part_paths(self.filename)
+
 
 class DownloadManager(QObject):
-    """Queue of Hub file downloads run one at a time on a worker thread; every signal arrives in the GUI
-    thread. Keys are ints; the same file queued twice returns the existing item."""
+    """Queue of Hub model downloads run one at a time on a worker thread; every signal arrives in the GUI
+    thread. Keys are ints; the same model queued twice (by any of its parts) returns the existing item."""
 
     added = Signal(int)  # key
     changed = Signal(int)  # key: state or figures changed
@@ -137,9 +144,11 @@ class DownloadManager(QObject):
         label: str = "",
         expected_size: int | None = None,
     ) -> int:
-        """Queue a file (or re-queue it if it failed or was cancelled); returns its key."""
+        """Queue a model (or re-queue it if it failed or was cancelled); returns its key. A split model may be
+        named by any part: the item is its first part, and every part is fetched."""
         if self._closed:
             raise RuntimeError("the download manager is shut down")
+        filename = hub.first_part_path(filename)
         for item in self.items.values():
             if (item.repo_id, item.filename, item.revision) == (repo_id, filename, revision):
                 if item.state in (CANCELLED, FAILED):
@@ -207,6 +216,8 @@ class DownloadManager(QObject):
             self.cancel(key)
 
     def find(self, repo_id: str, filename: str) -> DownloadItem | None:
+        """The item of the model `filename` names (any part of a split model), or None."""
+        filename = hub.first_part_path(filename)
         for item in self.items.values():
             if item.repo_id.lower() == repo_id.lower() and item.filename == filename:
                 return item
@@ -280,7 +291,7 @@ class DownloadManager(QObject):
             item.state = DOWNLOADING
         elif kind == "done":
             item.state, item.path = DONE, Path(value)
-            item.done = item.total = item.path.stat().st_size if item.path.exists() else item.total
+            item.done = item.total = hub.model_bytes(item.path) if item.path.exists() else item.total
             item.speed, item.eta = 0.0, 0.0
         elif kind == "cancelled":
             item.state, item.speed, item.eta = CANCELLED, 0.0, None
@@ -311,7 +322,7 @@ class DownloadManager(QObject):
                 cancel = self._cancel
             self._post.emit(("started", key, None))
             try:
-                path = hub.download(
+                path = hub.download_model(
                     repo_id, filename, revision=revision, cancel=cancel, token=self.token,
                     cache_dir=self.cache_dir, policy=self.policy,
                     progress=lambda d, t, s, e, k=key: self._on_progress(k, d, t, s, e),

@@ -1,5 +1,6 @@
-"""The Downloads tab: the queue of `app.ui.downloads.DownloadManager`, per file a progress bar, bytes,
-speed, ETA, Cancel/Resume, and readable error messages (gated repository, not found, offline, disk full)."""
+"""The Downloads tab: the queue of `app.ui.downloads.DownloadManager`, per model a progress bar (one for
+every part of a split model), bytes, speed, ETA, Cancel/Resume, and readable error messages (gated
+repository, not found, offline, disk full)."""
 
 from __future__ import annotations
 
@@ -110,11 +111,14 @@ class DownloadRow(QFrame):
         item = self.manager.items.get(self.key)
         if item is None:
             return
+        parts = item.parts
         self.name.setText(item.name)
-        self.name.setToolTip(f"{item.repo_id}/{item.filename}")
+        self.name.setToolTip("\n".join(f"{item.repo_id}/{p}" for p in parts))
         self.bar.setValue(int(item.fraction * 1000))
         total = item.total or item.expected_size
         figures = f"{format_bytes(item.done)} of {format_bytes(total)}"
+        if len(parts) > 1:
+            figures += f" ({len(parts)} parts)"
         if item.state == DOWNLOADING:
             text = f"{figures} · {fmt_speed(item.speed)} · {fmt_eta(item.eta)} left"
         elif item.state == QUEUED:
@@ -122,7 +126,7 @@ class DownloadRow(QFrame):
                 f" ({format_bytes(item.done)} already here)" if item.done else ""
             )
         elif item.state == DONE:
-            text = f"Done · {format_bytes(item.total)}"
+            text = f"Done · {format_bytes(item.total)}" + (f" ({len(parts)} parts)" if len(parts) > 1 else "")
         elif item.state == CANCELLED:
             text = f"Cancelled at {figures} · the partial file is kept: Resume continues from there"
         else:

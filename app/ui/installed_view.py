@@ -121,7 +121,9 @@ class InstalledView(QWidget):
         if partials:
             g = group("partials", "Interrupted downloads (resume from the Catalog or Downloads tab)")
             for p in partials:
-                it = QTreeWidgetItem([f"{p.repo_id or '?'} (partial)", format_bytes(p.size), "", ""])
+                what = f"{p.repo_id or '?'}/{p.filename}" if p.filename else p.repo_id or "?"
+                gaps = f", {len(p.missing)} part(s) to go" if p.missing else ""
+                it = QTreeWidgetItem([f"{what} (partial{gaps})", format_bytes(p.size), "", ""])
                 it.setToolTip(0, str(p.path))
                 g.addChild(it)
         for g in groups.values():

@@ -32,7 +32,7 @@ from PySide6.QtWidgets import (
 from app.gguf.compat import Compatibility, check_compatible
 from app.ui.downloads import DownloadManager
 from app.ui.richtext import escape
-from models_registry.hub import HubError, cached_path
+from models_registry.hub import HubError, cached_model
 from models_registry.refs import resolve_model_ref
 from models_registry.remote import HfRef, ModelFacts, read_ref_metadata
 from models_registry.units import format_bytes
@@ -366,7 +366,7 @@ class PairChooser(QWidget):
         refs = []
         for ref in (r.target, r.draft):
             if isinstance(ref, HfRef):
-                hit = cached_path(ref.repo_id, ref.filename, revision=ref.revision)
+                hit = cached_model(ref.repo_id, ref.filename, revision=ref.revision)
                 refs.append(hit if hit is not None else ref)
             else:
                 refs.append(ref)
