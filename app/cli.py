@@ -10,6 +10,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from app import __version__
 
@@ -93,6 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
     from bench.run import add_arguments as add_bench_arguments
 
     add_bench_arguments(bench)
+
+    serve = sub.add_parser("serve", help="serve the OpenAI API (chat and completions) on a model pair")
+    from app.server.cli import add_arguments as add_serve_arguments
+
+    add_serve_arguments(serve)
 
     chk = sub.add_parser("check", help="is DRAFT usable with TARGET? exit 0 yes, 1 no")
     chk.add_argument("target", help="target: a GGUF path, hf://OWNER/REPO/FILE.gguf[@REV] or a catalog id")
@@ -219,7 +225,69 @@ def cmd_generate(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGINT, prev)
         client.shutdown()
+    if not cancelled:
+        _record_speed(args, load, info, finished.stats)
     return 130 if cancelled else 0
+
+
+#: replies shorter than this say too little about a model's speed to be kept
+RECORD_MIN_TOKENS = 32
+
+
+def _record_speed(args: argparse.Namespace, load: Any, info: Any, stats: Any) -> None:
+    """Keep the run's decode tokens/s for the speed estimate (`models_registry.measured`): under the
+    target's file, where it ran (CPU, GPU or split) and the mode; plain decoding's is the target's own
+    speed, another mode's is kept with the draft it ran with (speculative mode also keeps the draft's
+    acceptance, and what its mean verify batch cost in plain decoding's steps when those are known).
+    Not kept: replies under RECORD_MIN_TOKENS tokens and runs on fewer threads than the machine has
+    cores."""
+    import psutil
+
+    from app.gguf.split import first_part, model_bytes
+    from models_registry.measured import SpeedStore, placement_of
+
+    cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    if stats.n_generated < RECORD_MIN_TOKENS or stats.decode_tokens_per_second <= 0:
+        return
+    if args.threads is not None and args.threads < cores:
+        return
+    try:
+        store = SpeedStore()
+        offload = info.target.offload
+        placement = placement_of(offload.layers_offloaded, offload.layers_total)
+        target = (first_part(load.target).name, model_bytes(load.target))  # a split model: its first part
+        drafted = load.draft and stats.mode in ("speculative", "auto")
+        draft = (first_part(load.draft).name, model_bytes(load.draft)) if drafted else None
+        acceptance, costs = None, None
+        if stats.mode == "speculative" and draft is not None and stats.n_drafted:
+            acceptance = stats.acceptance_rate
+            known = store.lookup(*target, placement=placement)
+            if known is not None and known.plain and stats.rounds:
+                batch = round((stats.rounds + stats.n_drafted) / stats.rounds)
+                cost = stats.t_verify_s / stats.rounds * known.plain
+                costs = {batch: cost} if 0.8 <= cost <= 1.5 * batch else None  # else the runs disagree
+        store.record(
+            *target, stats.decode_tokens_per_second, mode=stats.mode, placement=placement,
+            draft=draft, acceptance=acceptance, verify_costs=costs,
+        )  # fmt: skip
+    except (OSError, ValueError) as e:
+        print(f"tandem: the run's speed was not kept: {e}", file=sys.stderr)
+
+
+def _engine_gpus() -> tuple[Any, ...] | None:
+    """The GPUs the engine process lists (llama.cpp's devices, as `models_registry.fit.Gpu` records; none
+    if the build cannot offload), or None when the engine does not start. Starting it takes about half a
+    second."""
+    from app.engine import EngineClient
+    from models_registry.fit import gpus_from_devices
+
+    try:
+        with EngineClient(start_timeout=60) as client:
+            status = client.info()
+    except Exception as e:  # whatever stops the engine, the fit guesses the GPUs
+        print(f"tandem: the engine did not start ({e}): GPUs are guessed", file=sys.stderr)
+        return None
+    return gpus_from_devices(status.devices) if status.gpu_offload else ()
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -271,7 +339,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_generate(args)
     if args.command == "check":
         return cmd_check(args)
+    if args.command == "serve":
+        from app.server.cli import cmd_serve
+
+        return cmd_serve(args)
     if args.command in ("models", "download"):
+        if args.command == "models" and args.models_command == "fit":
+            args.gpus = _engine_gpus()
         return args.handler(args)
     if args.command == "bench":
         from bench.run import main as bench_main

@@ -17,6 +17,7 @@ from app.engine.events import Action, Decision, Declined, Finished, Policy, Sour
 from app.engine.info import Device, EngineInfo, EngineStatus, ModelInfo, Offload
 from app.engine.process.client import EngineClient, GenerationStream
 from app.engine.process.errors import EngineCrashedError, RemoteError
+from app.engine.process.turns import QueueFull, Ticket, TurnQueue
 from app.engine.sampling import SamplingError, SamplingParams
 from app.engine.settings import MODES, GenerationSettings, LoadSettings, parse_gpu_layers
 
@@ -43,6 +44,7 @@ __all__ = [
     "Offload",
     "Policy",
     "PromptTooLongError",
+    "QueueFull",
     "RemoteError",
     "SamplingError",
     "SamplingParams",
@@ -50,5 +52,7 @@ __all__ = [
     "Started",
     "Stats",
     "Step",
+    "Ticket",
+    "TurnQueue",
     "parse_gpu_layers",
 ]

@@ -28,6 +28,7 @@ from app.engine import (
     LoadSettings,
     Started,
     Step,
+    TurnQueue,
 )
 from app.speedcheck import run_check
 
@@ -62,9 +63,16 @@ class EngineWorker(QObject):
 
     _post = Signal(object)  # engine thread -> GUI thread
 
-    def __init__(self, client: EngineClient | None = None, parent: QObject | None = None):
+    def __init__(
+        self,
+        client: EngineClient | None = None,
+        parent: QObject | None = None,
+        turns: TurnQueue | None = None,
+    ):
         super().__init__(parent)
         self.client = client or EngineClient(auto_restart=True)
+        # the window's jobs take their turns at the engine with the local server's requests
+        self.turns = turns or TurnQueue()
         self._jobs: queue.Queue[_Job] = queue.Queue()
         self._lock = threading.Lock()
         self._buffer: list[Step] = []
@@ -162,7 +170,8 @@ class EngineWorker(QObject):
                 if job is self._queued_generate:
                     self._queued_generate = None
             try:
-                getattr(self, f"_do_{job.kind}")(job)
+                with self.turns.turn(bounded=False):
+                    getattr(self, f"_do_{job.kind}")(job)
             except Exception:  # a bug: report it, keep the thread alive
                 log.exception("engine job %s failed", job.kind)
                 self._emit("failed", "internal error (see the log)", False)
