@@ -16,11 +16,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
 
+from . import bandwidth
 from . import fit as fitmod
 from .catalog import CatalogError, CatalogModel, QuantFile, default_catalog
+from .fit_report import report_data, report_lines
 from .hf_cache import hub_cache_dir
 from .hub_errors import HubError
 from .library import list_local, list_partials
+from .measured import SpeedStore
 from .refs import check_refs, resolve_model_ref
 from .transfer import download
 from .units import format_bytes
@@ -99,32 +102,26 @@ def cmd_models_list(args: argparse.Namespace) -> int:
 
 
 def cmd_models_fit(args: argparse.Namespace) -> int:
-    """Print, for every catalog pair, whether it fits this machine, and the recommendation."""
+    """Print, for every catalog pair, whether it fits this machine, how fast it will answer, and the pick.
+
+    ``args.gpus``: the GPUs as `fit.Gpu` records (``tandem`` builds them from the engine's device list);
+    absent or None, they are guessed (`fit.detect_machine`)."""
     if args.ctx <= 0:
         return _err("--ctx must be positive", EXIT_USAGE)
+    min_speed = getattr(args, "min_speed", fitmod.MIN_SPEED)
+    if min_speed < 0:
+        return _err("--min-speed must not be negative", EXIT_USAGE)
     try:
-        machine = fitmod.detect_machine()
-        fits = fitmod.fit_catalog(machine, n_ctx=args.ctx)
-        best = fitmod.recommend(machine, n_ctx=args.ctx)
+        bw = bandwidth.cpu_bandwidth(remeasure=getattr(args, "measure_bandwidth", False))
+        machine = fitmod.detect_machine(getattr(args, "gpus", None), bandwidth=bw)
+        choices = fitmod.rank_catalog(machine, n_ctx=args.ctx, measured=SpeedStore())
+        best = fitmod.choose(choices, min_speed=min_speed)
     except CatalogError as e:
         return _err(str(e))
-    gpus = ", ".join(
-        f"{g.name} ({format_bytes(g.total)}{' unified' if g.unified else ''})" for g in machine.gpus
-    )
-    ram, available = format_bytes(machine.total_ram), format_bytes(machine.available_ram)
-    print(f"machine: {ram} RAM ({available} available), "
-          f"{machine.physical_cores} cores, GPU: {gpus or 'none'}")  # fmt: skip
-    print(f"context: {args.ctx} tokens\n")
-    for f in fits:
-        assert f.pair is not None
-        mark = "*" if best is not None and f.pair.id == best.pair.id else " "  # type: ignore[union-attr]
-        comfy = "" if f.comfortable or f.verdict == "none" else " (tight)"
-        print(f"{mark} {f.pair.id:<26} needs {format_bytes(f.need.total):>9}  {f.summary}{comfy}")
-    print()
-    if best is None:
-        print("no catalog pair fits this machine at this context size")
+    if getattr(args, "json", False):
+        print(json.dumps(report_data(machine, choices, best, n_ctx=args.ctx, min_speed=min_speed), indent=2))
     else:
-        print(f"recommended: {best.pair.id} -- {best.summary}")  # type: ignore[union-attr]
+        print("\n".join(report_lines(machine, choices, best, n_ctx=args.ctx, min_speed=min_speed)))
     return EXIT_OK
 
 
@@ -200,6 +197,12 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:  # type: ig
     fit.add_argument(
         "--ctx", type=int, default=4096, metavar="N", help="context size in tokens (default 4096)"
     )
+    fit.add_argument("--min-speed", type=float, default=fitmod.MIN_SPEED, metavar="TOK_S",
+                     help=f"recommend the largest pair expected to reach this many tokens/s "
+                          f"(default {fitmod.MIN_SPEED:g}; if none does, the fastest)")  # fmt: skip
+    fit.add_argument("--json", action="store_true", help="print the machine, the pairs and the pick as JSON")
+    fit.add_argument("--measure-bandwidth", action="store_true",
+                     help="measure the memory bandwidth again (it is measured once and kept)")  # fmt: skip
     fit.set_defaults(handler=cmd_models_fit)
 
     dl = subparsers.add_parser("download", help="download a GGUF file from the Hugging Face Hub (resumable)")

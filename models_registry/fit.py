@@ -1,4 +1,4 @@
-"""Will a target/draft pair fit this machine? Memory estimates and verdicts (pure functions + detection).
+"""Will a target/draft pair fit this machine, how fast will it answer, and which pair to recommend.
 
 Estimate of what a pair needs (all in bytes)::
 
@@ -8,45 +8,70 @@ Estimate of what a pair needs (all in bytes)::
     overhead = RUNTIME_OVERHEAD once (backend context, scratch, process)
 
 Gemma 3's sliding-window layers need less KV than this formula says: the estimate errs on the safe side.
+The machine (RAM, cores, bandwidth, GPUs and their budgets) is `models_registry.machine`'s, re-exported.
 
-GPU budget: Apple Silicon (unified memory) gets Metal's recommendedMaxWorkingSetSize, about 2/3 of RAM up
-to 36 GiB and 3/4 above; NVIDIA gets the free VRAM that ``nvidia-smi`` reports minus GPU_RESERVE. CPU
-budget: the available RAM (psutil), capped at 90 % of the total.
+Speed (`pair_speed`): where the fit puts each model's layers, at the machine's bandwidths
+(`models_registry.speed`), or what the engine measured for the file (`models_registry.measured`).
+`recommend` picks, among the pairs that fit, the largest target whose expected speed reaches
+`min_speed` (default `MIN_SPEED`), and the fastest pair when none does.
 """
 
 from __future__ import annotations
 
-import os
-import platform
-import shutil
-import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-import psutil
-
-from .catalog import Catalog, CatalogModel, Pair, default_catalog
+from .catalog import Catalog, CatalogModel, Pair, QuantFile, default_catalog
+from .machine import (
+    CPU_FRACTION,
+    GPU_RESERVE,
+    Gpu,
+    Machine,
+    detect_machine,
+    gpus_from_devices,
+    metal_working_set,
+)
+from .measured import Measured, SpeedStore
+from .speed import (
+    ACCEPTANCE,
+    MAX_DRAFT,
+    Device,
+    PairSpeed,
+    gpu_time_share,
+    kv_bytes_per_token,
+    speculate,
+    step_seconds,
+)
 
 __all__ = [
     "COMFORT",
     "COMPUTE_BUFFER",
+    "CPU_FRACTION",
     "GPU_RESERVE",
+    "MIN_SPEED",
     "RUNTIME_OVERHEAD",
+    "Choice",
     "Gpu",
     "Machine",
     "ModelNeed",
     "PairFit",
     "PairNeed",
+    "PairSpeed",
     "Verdict",
+    "choose",
     "detect_machine",
     "estimate_model",
     "estimate_pair",
     "fit_catalog",
     "fit_pair",
+    "gpus_from_devices",
     "kv_cache_bytes",
     "metal_working_set",
+    "pair_speed",
+    "rank_catalog",
     "recommend",
+    "why",
 ]
 
 MiB = 1024**2
@@ -57,105 +82,12 @@ KV_BYTES_PER_ELEMENT = 2
 COMPUTE_BUFFER = 384 * MiB
 #: backend context, scratch buffers and the process itself, once per pair
 RUNTIME_OVERHEAD = 512 * MiB
-#: VRAM left untouched on discrete GPUs (display, driver)
-GPU_RESERVE = 512 * MiB
 #: a fit is "comfortable" when the need is at most this fraction of the budget
 COMFORT = 0.9
-#: CPU budget is at most this fraction of total RAM
-CPU_FRACTION = 0.9
+#: tokens/s from which a reply reads as usable (the default of the setting)
+MIN_SPEED = 15.0
 
 Verdict = Literal["gpu", "partial", "cpu", "none"]
-
-
-# ----------------------------------------------------------------------------------------- machine
-
-
-@dataclass(frozen=True)
-class Gpu:
-    """One GPU. For unified memory (Apple) `total`/`free` are the Metal working-set budget."""
-
-    name: str
-    kind: Literal["metal", "cuda"]
-    total: int
-    free: int | None = None
-    unified: bool = False
-
-
-@dataclass(frozen=True)
-class Machine:
-    """The facts the fit needs; build by hand in tests, with `detect_machine` in the app."""
-
-    total_ram: int
-    available_ram: int
-    physical_cores: int
-    gpus: tuple[Gpu, ...] = ()
-
-    @property
-    def unified(self) -> bool:
-        return any(g.unified for g in self.gpus)
-
-    @property
-    def gpu_budget(self) -> int:
-        """Bytes the model may use on GPU(s) (0 without a GPU); llama.cpp splits layers across GPUs."""
-        total = 0
-        for g in self.gpus:
-            if g.unified:
-                total += g.total
-            else:
-                total += max(0, (g.free if g.free is not None else g.total) - GPU_RESERVE)
-        return total
-
-    @property
-    def cpu_budget(self) -> int:
-        """Bytes of RAM the models may use."""
-        return max(0, min(self.available_ram, int(self.total_ram * CPU_FRACTION)))
-
-
-def metal_working_set(total_ram: int) -> int:
-    """Approximation of Metal's recommendedMaxWorkingSetSize for a Mac with `total_ram` bytes."""
-    return int(total_ram * (0.75 if total_ram > 36 * GiB else 2 / 3))
-
-
-def _nvidia_gpus(timeout: float = 5.0) -> tuple[Gpu, ...]:
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return ()
-    try:
-        out = subprocess.run(
-            [exe, "--query-gpu=name,memory.total,memory.free", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=timeout, check=True,
-        ).stdout  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return ()
-    return parse_nvidia_smi(out)
-
-
-def parse_nvidia_smi(text: str) -> tuple[Gpu, ...]:
-    """Parse ``nvidia-smi --query-gpu=name,memory.total,memory.free --format=csv,noheader,nounits``."""
-    gpus = []
-    for line in text.splitlines():
-        parts = [p.strip() for p in line.rsplit(",", 2)]
-        if len(parts) != 3:
-            continue
-        try:
-            total, free = int(float(parts[1])) * MiB, int(float(parts[2])) * MiB
-        except ValueError:
-            continue
-        gpus.append(Gpu(name=parts[0], kind="cuda", total=total, free=free))
-    return tuple(gpus)
-
-
-def detect_machine() -> Machine:
-    """RAM and cores from psutil, plus Apple Silicon (Metal) or NVIDIA GPUs; never fails on missing GPUs."""
-    vm = psutil.virtual_memory()
-    cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
-    gpus: tuple[Gpu, ...] = ()
-    if platform.system() == "Darwin" and platform.machine() == "arm64":
-        ws = metal_working_set(vm.total)
-        gpus = (Gpu(name="Apple Silicon GPU", kind="metal", total=ws, free=ws, unified=True),)
-    else:
-        gpus = _nvidia_gpus()
-    return Machine(total_ram=vm.total, available_ram=vm.available, physical_cores=cores, gpus=gpus)
 
 
 # ---------------------------------------------------------------------------------------- estimates
@@ -298,9 +230,6 @@ def fit_pair(need: PairNeed, machine: Machine, *, pair: Pair | None = None) -> P
     return result("none", 0, 0, 0)
 
 
-_RANK: dict[Verdict, int] = {"gpu": 3, "partial": 2, "cpu": 1, "none": 0}
-
-
 def fit_catalog(
     machine: Machine,
     *,
@@ -317,16 +246,127 @@ def fit_catalog(
     return out
 
 
-def recommend(machine: Machine, *, catalog: Catalog | None = None, n_ctx: int = 4096) -> PairFit | None:
-    """The best pair for `machine`: comfortable fits first, then GPU over partial over CPU, then the
-    largest target (by parameters). None if nothing fits."""
+# ---------------------------------------------------------------------------------------------- speed
+
+
+def _tolerance(qf: QuantFile) -> float:
+    """How far a measured file's size may be from the catalog's: 2 % where the catalog's is rounded."""
+    return 0.02 if qf.size_approx else 0.0
+
+
+def _measured(store: SpeedStore | None, qf: QuantFile, placement: str) -> Measured | None:
+    return store.lookup(qf.file, qf.size, placement=placement, tolerance=_tolerance(qf)) if store else None
+
+
+def pair_speed(
+    fit: PairFit,
+    machine: Machine,
+    target: CatalogModel,
+    draft: CatalogModel,
+    *,
+    target_quant: str | None = None,
+    draft_quant: str | None = None,
+    measured: SpeedStore | None = None,
+    max_draft: int | None = None,
+) -> PairSpeed:
+    """The expected decode speed of a pair where `fit` puts it: the target's layers on the GPU as the
+    verdict says (the draft on the GPU whenever the target is partly there, as `fit_pair` plans), at the
+    machine's bandwidths; a file's plain speed, the pair's speculative speed, acceptance and verify
+    costs as the engine measured them where `measured` knows them. `max_draft`: the pair's draft limit
+    (default its catalog ``n_max``)."""
+    tq, dq = target.file(target_quant), draft.file(draft_quant)
+    cpu, gpu = machine.ram_bandwidth, machine.gpu_read_bandwidth
+    on_gpu = fit.verdict in ("gpu", "partial") and gpu > 0
+    t_share = (1.0 if fit.verdict == "gpu" else fit.gpu_layers / target.n_layers) if on_gpu else 0.0
+    t_where, d_where = Device(t_share, cpu, gpu), Device(1.0 if on_gpu else 0.0, cpu, gpu)
+    t_place = "cpu" if not on_gpu else "gpu" if fit.verdict == "gpu" else "partial"
+    t_meas, d_meas = _measured(measured, tq, t_place), _measured(measured, dq, "gpu" if on_gpu else "cpu")
+
+    def step(m: CatalogModel, qf: QuantFile, where: Device, known: Measured | None) -> tuple[float, bool]:
+        if known is not None and known.plain:
+            return 1 / known.plain, True
+        return step_seconds(qf.size, kv_bytes_per_token(m.n_layers, m.n_kv_heads, m.head_dim), where), False
+
+    t_step, t_known = step(target, tq, t_where, t_meas)
+    d_step, _ = step(draft, dq, d_where, d_meas)
+    dkey = (dq.file, dq.size)
+    tol = _tolerance(dq)
+    acceptance = (t_meas.acceptance_with(dkey, tolerance=tol) if t_meas else None) or ACCEPTANCE
+    limit = max_draft if max_draft is not None else fit.pair.n_max if fit.pair is not None else MAX_DRAFT
+    spec = speculate(
+        t_step, d_step, acceptance=acceptance, max_draft=min(limit, MAX_DRAFT),
+        gpu_share=gpu_time_share(t_where), verify_costs=t_meas.verify_costs if t_meas else None,
+    )  # fmt: skip
+    spec_tps, spec_known = spec.tokens_per_second, False
+    if t_meas is not None:
+        for mode in ("speculative", "auto"):
+            seen = t_meas.speed(mode, dkey, tolerance=tol)
+            if seen:
+                spec_tps, spec_known = seen, True
+                break
+    return PairSpeed(
+        plain=1 / t_step, speculative=spec_tps, draft_length=spec.draft_length, acceptance=acceptance,
+        plain_source="measured" if t_known else "estimated",
+        speculative_source="measured" if spec_known else "estimated",
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A catalog pair on a machine: where it fits and how fast it answers."""
+
+    fit: PairFit
+    speed: PairSpeed
+    params: int  # the target's parameters
+
+    @property
+    def pair(self) -> Pair:
+        assert self.fit.pair is not None
+        return self.fit.pair
+
+
+def rank_catalog(
+    machine: Machine,
+    *,
+    catalog: Catalog | None = None,
+    n_ctx: int = 4096,
+    measured: SpeedStore | None = None,
+) -> list[Choice]:
+    """Every catalog pair's fit and expected speed (default quantizations), in catalog order."""
     cat = catalog or default_catalog()
-    fits = [f for f in fit_catalog(machine, catalog=cat, n_ctx=n_ctx) if f.verdict != "none"]
-    if not fits:
-        return None
-
-    def key(f: PairFit) -> tuple[bool, int, int, int]:
+    out = []
+    for f in fit_catalog(machine, catalog=cat, n_ctx=n_ctx):
         assert f.pair is not None
-        return (f.comfortable, _RANK[f.verdict], cat.model(f.pair.target).params, -f.need.total)
+        t, d = cat.model(f.pair.target), cat.model(f.pair.draft)
+        out.append(Choice(f, pair_speed(f, machine, t, d, measured=measured), t.params))
+    return out
 
-    return max(fits, key=key)
+
+def choose(choices: Iterable[Choice], *, min_speed: float = MIN_SPEED) -> Choice | None:
+    """Among the pairs that fit, the largest target whose expected speed reaches `min_speed` (comfortable
+    fits first, then the faster); if none reaches it, the fastest. None if nothing fits."""
+    fits = [c for c in choices if c.fit.verdict != "none"]
+    usable = [c for c in fits if c.speed.best >= min_speed]
+    if usable:
+        return max(usable, key=lambda c: (c.fit.comfortable, c.params, c.speed.best))
+    return max(fits, key=lambda c: (c.speed.best, c.fit.comfortable), default=None)
+
+
+def recommend(
+    machine: Machine,
+    *,
+    catalog: Catalog | None = None,
+    n_ctx: int = 4096,
+    min_speed: float = MIN_SPEED,
+    measured: SpeedStore | None = None,
+) -> PairFit | None:
+    """The pair to recommend on `machine` (`choose` over `rank_catalog`); None if nothing fits."""
+    best = choose(rank_catalog(machine, catalog=catalog, n_ctx=n_ctx, measured=measured), min_speed=min_speed)
+    return best.fit if best is not None else None
+
+
+def why(choice: Choice, min_speed: float = MIN_SPEED) -> str:
+    """Why `choice` (what `choose` returned) is the pick, in a few words."""
+    if choice.speed.best >= min_speed:
+        return f"the largest model that reaches {min_speed:g} tokens/s here"
+    return f"no pair reaches {min_speed:g} tokens/s here: the fastest"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from models_registry import fit
+from app.engine import Device
+from models_registry import bandwidth, fit, machine
 from models_registry.catalog import CatalogModel, QuantFile, default_catalog
 from models_registry.fit import Gpu, Machine
 
@@ -93,29 +94,81 @@ def test_apple_unified_memory() -> None:
     assert f.verdict == "partial" and 0 < f.gpu_layers < 32
 
 
-def test_nvidia_smi_parsing() -> None:
-    gpus = fit.parse_nvidia_smi("NVIDIA GeForce RTX 4090, 24564, 23000\nTesla T4, 15360, 15000\ngarbage\n")
-    assert [g.name for g in gpus] == ["NVIDIA GeForce RTX 4090", "Tesla T4"]
-    assert gpus[0].total == 24564 * MiB and gpus[0].free == 23000 * MiB
+def test_gpus_from_the_engines_devices() -> None:
+    cpu = Device("CPU", "AMD EPYC", "CPU", 24 * GiB, 24 * GiB)
+    cuda = Device("CUDA0", "NVIDIA GeForce RTX 4090", "GPU", 23000 * MiB, 24564 * MiB)
+    t4 = Device("CUDA1", "Tesla T4", "GPU", 15000 * MiB, 15360 * MiB)
+    metal = Device("Metal", "Apple M2 Pro", "GPU", 21 * GiB, 21 * GiB)
+    igpu = Device("Vulkan0", "Intel(R) Iris(R) Xe Graphics", "IGPU", 8 * GiB, 8 * GiB)
+    blas = Device("BLAS", "OpenBLAS", "ACCEL", 0, 0)
+    gpus = fit.gpus_from_devices([cpu, cuda, t4, blas])
+    assert gpus == (
+        Gpu("NVIDIA GeForce RTX 4090", "cuda", 24564 * MiB, 23000 * MiB),
+        Gpu("Tesla T4", "cuda", 15360 * MiB, 15000 * MiB),
+    )
     m = Machine(64 * GiB, 60 * GiB, 16, gpus)
     assert m.gpu_budget == (23000 + 15000) * MiB - 2 * fit.GPU_RESERVE
+    # layers split by budget, read one GPU after the other: 0.6 of 1008 and of 320 GB/s, harmonically
+    b1, b2 = 23000 * MiB - fit.GPU_RESERVE, 15000 * MiB - fit.GPU_RESERVE
+    expected = 1 / ((b1 / (b1 + b2)) / (0.6 * 1008e9) + (b2 / (b1 + b2)) / (0.6 * 320e9))
+    assert m.gpu_read_bandwidth == pytest.approx(expected)
+    (mac,) = fit.gpus_from_devices([metal])
+    assert (mac.kind, mac.unified, mac.budget, mac.peak_bandwidth()) == ("metal", True, 21 * GiB, 200e9)
+    (xe,) = fit.gpus_from_devices([igpu])
+    assert (xe.kind, xe.unified, xe.peak_bandwidth(cpu=40e9)) == ("vulkan", True, 40e9)
+    assert fit.gpus_from_devices([cpu]) == ()
 
 
-def test_detect_machine_without_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fit.shutil, "which", lambda name: None)
-    monkeypatch.setattr(fit.platform, "system", lambda: "Linux")
-    m = fit.detect_machine()
-    assert m.gpus == () and m.total_ram > 0 and m.physical_cores >= 1
+def test_detect_machine_takes_the_gpus_as_data(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(machine.platform, "system", lambda: "Linux")
+    m = fit.detect_machine()  # the engine did not answer: guessed, and no GPU off a Mac
+    assert m.gpus == () and m.gpu_source == "guessed" and m.total_ram > 0 and m.physical_cores >= 1
+    assert (m.cpu_bandwidth, m.bandwidth_source, m.ram_bandwidth) == (None, "assumed", bandwidth.DEFAULT_CPU)
+    rtx = Gpu("NVIDIA GeForce RTX 4060", "cuda", 8 * GiB, 7 * GiB)
+    m = fit.detect_machine([rtx], bandwidth=bandwidth.Bandwidth(31e9, "cached"))
+    assert (m.gpus, m.gpu_source, m.cpu_bandwidth, m.bandwidth_source) == ((rtx,), "engine", 31e9, "cached")
+    assert fit.detect_machine(()).gpus == ()  # the engine lists no GPU
+    monkeypatch.setattr(machine.platform, "system", lambda: "Darwin")
+    monkeypatch.setattr(machine.platform, "machine", lambda: "arm64")
+    (apple,) = fit.detect_machine().gpus
+    assert apple.kind == "metal" and apple.unified and apple.total == fit.metal_working_set(m.total_ram)
 
 
-def test_recommendation() -> None:
+def test_recommendation_by_speed() -> None:
     cat = default_catalog()
-    mac = Machine(128 * GiB, 120 * GiB, 16, (Gpu("M3 Max", "metal", 96 * GiB, 96 * GiB, unified=True),))
-    best = fit.recommend(mac, n_ctx=4096)
-    assert best is not None and best.pair is not None and best.pair.target == "llama-3.3-70b-instruct"
-    assert best.verdict == "gpu"
+    # 2 cores, no GPU, the AMD EPYC's bandwidth: only a target of a few billion parameters is usable
+    epyc = Machine(24 * GiB, 23 * GiB, 2, cpu_bandwidth=25e9)
+    best = fit.recommend(epyc)
+    assert best is not None and best.pair is not None and best.verdict == "cpu"
+    assert cat.model(best.pair.target).params <= 4_000_000_000
+    choices = fit.rank_catalog(epyc)
+    pick = fit.choose(choices)
+    assert pick is not None and pick.fit == best
+    usable = [c for c in choices if c.fit.verdict != "none" and c.speed.best >= fit.MIN_SPEED]
+    if usable:  # the largest usable target, else the fastest pair that fits
+        assert pick.params == max(c.params for c in usable) and "reaches" in fit.why(pick)
+    else:
+        assert pick.speed.best == max(c.speed.best for c in choices if c.fit.verdict != "none")
+        assert fit.why(pick) == "no pair reaches 15 tokens/s here: the fastest"
+    # the memory alone would have taken a 14B target or larger
+    largest = max(cat.model(c.pair.target).params for c in choices if c.fit.verdict != "none")
+    assert largest >= 14_000_000_000
+    assert fit.recommend(epyc, min_speed=0.0).pair.target != best.pair.target  # type: ignore[union-attr]
 
-    # 24 GB card: a 32B pair only just fits, so the largest target that fits comfortably on the GPU wins
+    # a big Mac: the largest target that reaches the speed, not the 70B that merely fits
+    mac = Machine(128 * GiB, 120 * GiB, 16, (Gpu("Apple M3 Max", "metal", 96 * GiB, 96 * GiB, unified=True),))
+    choices = fit.rank_catalog(mac)
+    best = fit.recommend(mac)
+    assert best is not None and best.pair is not None and best.verdict == "gpu"
+    seventy = next(c for c in choices if c.pair.target == "llama-3.3-70b-instruct")
+    assert seventy.fit.verdict == "gpu" and seventy.speed.best < fit.MIN_SPEED
+    chosen = next(c for c in choices if c.pair.id == best.pair.id)
+    assert chosen.speed.best >= fit.MIN_SPEED
+    assert all(c.params <= chosen.params for c in choices if c.fit.comfortable and c.speed.best >= 15)
+    # with no speed asked for, the largest comfortable fit, as a memory-only pick would have it
+    assert fit.recommend(mac, min_speed=0.0).pair.target == "llama-3.3-70b-instruct"  # type: ignore[union-attr]
+
+    # 24 GB card: fast enough everywhere on the GPU, so the largest target that fits comfortably there
     pc = Machine(64 * GiB, 56 * GiB, 16, (Gpu("RTX 4090", "cuda", 24 * GiB, 23 * GiB),))
     fits = fit.fit_catalog(pc)
     assert any(f.verdict == "gpu" and not f.comfortable for f in fits)
@@ -123,9 +176,5 @@ def test_recommendation() -> None:
     assert best is not None and best.pair is not None and best.verdict == "gpu" and best.comfortable
     comfy = [cat.model(f.pair.target).params for f in fits if f.verdict == "gpu" and f.comfortable and f.pair]
     assert cat.model(best.pair.target).params == max(comfy)
-
-    laptop = Machine(16 * GiB, 12 * GiB, 4)
-    best = fit.recommend(laptop, n_ctx=4096)
-    assert best is not None and best.verdict == "cpu" and best.comfortable
 
     assert fit.recommend(Machine(2 * GiB, 1 * GiB, 2)) is None
