@@ -5,8 +5,8 @@ first, then server first), greedy, in one mode. Each reply is timed as its calle
 first token (from sending the request to the first text) and decode speed (the reply's tokens over
 the time from the first text to the end: the same measure on both sides). The server runs as its own
 process (``tandem serve``, its own engine) on 127.0.0.1 and is read with the official ``openai``
-client, as an editor would; the in-process side is an :class:`~app.engine.EngineClient`. Prints the median ratio of
-speeds with its spread, and the median difference in time to first token::
+client, as an editor would; the in-process side is an :class:`~app.engine.EngineClient`. Prints
+the median ratio of speeds with its spread, and the median difference in time to first token::
 
     python -m bench.server_bench --target T.gguf --draft D.gguf [--mode auto] [--repeats 2]
 """
