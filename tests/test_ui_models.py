@@ -6,6 +6,7 @@ import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
+import dataclasses
 import gc
 import html
 import shutil
@@ -20,6 +21,7 @@ from PySide6.QtWidgets import QApplication, QWidget
 from app.gguf.compat import check_files
 from app.gguf.split import part_names
 from app.tiny_gguf import write_tiny_llama
+from app.ui import models_panel
 from app.ui.catalog_table import BadgeRole, CatalogTableModel
 from app.ui.downloads import CANCELLED, DONE, FAILED
 from app.ui.downloads_view import DownloadRow, fmt_eta
@@ -28,9 +30,11 @@ from app.ui.pair_chooser import normalize_ref
 from app.ui.settings import AppSettings
 from fakehub import FakeHub
 from models_registry import library
+from models_registry.bandwidth import Bandwidth
 from models_registry.catalog import Catalog, default_catalog, loads_catalog
 from models_registry.fit import Gpu, Machine, recommend
 from models_registry.hub import RetryPolicy
+from models_registry.measured import SpeedStore
 from models_registry.remote import FIRST_CHUNK
 from models_registry.units import format_bytes
 
@@ -136,7 +140,8 @@ good_for = "Gated tests."
 
 
 @pytest.fixture
-def make_panel(qtbot, tmp_path: Path, no_threads_left):
+def make_panel(qtbot, tmp_path: Path, no_threads_left, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("TANDEM_DATA_DIR", str(tmp_path / "data"))  # the speeds measured: none yet
     panels: list[QWidget] = []
 
     def make(**kwargs) -> ModelsPanel:
@@ -510,5 +515,108 @@ def test_install_models_panel_wires_load_with_suggested_settings(
         assert (win.settings.n_max, win.settings.p_min) == (pair.n_max, pair.p_min)
         panel.pairLoadRequested.emit(str(tiny_pair.target), str(tiny_pair.draft), None)  # custom pair
         assert len(win.loads) == 2 and win.settings.n_max == pair.n_max
+    finally:
+        panel.shutdown()
+
+
+# ------------------------------------------------------------------------------------------- speeds
+
+EPYC = Machine(24 * GiB, 23 * GiB, 2, cpu_bandwidth=25e9, bandwidth_source="cached")
+
+
+def test_catalog_shows_expected_speeds_and_recommends_by_speed(make_panel, tmp_path: Path) -> None:
+    cat = default_catalog()
+    panel = make_panel(machine=EPYC, catalog=cat)
+    model = panel.model
+    speeds = [model.index(i, CatalogTableModel.SPEED).data() for i in range(model.rowCount())]
+    assert all(s.startswith("~") and s.endswith(" tok/s") for s in speeds)  # nothing measured: estimated
+    first = panel.rows()[0]
+    assert first.recommended and first.speed is not None
+    assert first.target.params <= 4_000_000_000  # 2 cores, no GPU: a small target, not the 14B that fits
+    assert speeds[0] == f"~{first.speed.best:.0f} tok/s"
+    tip = model.index(0, CatalogTableModel.SPEED).data(Qt.ItemDataRole.ToolTipRole)
+    assert "Plain decoding: ~" in tip and "estimated from the memory bandwidth" in tip
+    text = panel.banner.label.text()
+    assert (
+        f"About <b>{first.speed.best:.0f} tokens/s</b> here (expected)" in text and first.target.name in text
+    )
+    assert "25 GB/s" in panel.machine_line.text()
+    # a measured speed replaces the estimate (the recommended target's default file, measured plain)
+    qf = first.target.file()
+    SpeedStore().record(qf.file, qf.size, 40.0)
+    panel.refresh()
+    row = panel.row(first.pair.id)
+    assert row.speed is not None and (row.speed.plain, row.speed.plain_source) == (40.0, "measured")
+    i = model.row_of(first.pair.id)
+    assert model.index(i, CatalogTableModel.SPEED).data() == "40 tok/s"
+    assert "measured on this machine" in model.index(i, CatalogTableModel.SPEED).data(
+        Qt.ItemDataRole.ToolTipRole
+    )
+    # a lower usable speed lets larger targets in; the recommendation follows the setting
+    panel.set_min_speed(1.0)
+    big = panel.rows()[0]
+    assert big.recommended and big.target.params > first.target.params
+
+
+def test_panel_takes_the_gpus_from_the_engine(make_panel, qtbot, monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.engine import Device
+
+    panel = make_panel(machine=EPYC)
+    assert {r.fit.verdict for r in panel.rows()} <= {"cpu", "none"}
+    rtx = Device("CUDA0", "NVIDIA GeForce RTX 4090", "GPU", 23 * GiB, 24 * GiB)
+    cpu = Device("CPU", "AMD EPYC", "CPU", 23 * GiB, 24 * GiB)
+    panel.set_devices((cpu, rtx), gpu_offload=True)
+    assert panel.machine.gpus[0].name == "NVIDIA GeForce RTX 4090" and panel.machine.gpu_source == "engine"
+    assert "NVIDIA GeForce RTX 4090" in panel.machine_line.text()
+    assert any(r.fit.verdict == "gpu" for r in panel.rows())
+    assert max(r.speed.best for r in panel.rows() if r.speed) > 100  # on a 4090 small models fly
+    panel.set_devices((cpu, rtx), gpu_offload=False)  # a CPU build cannot use it
+    assert panel.machine.gpus == ()
+
+    # in the background: the engine's status and the bandwidth (stubbed: no real probe here)
+    class Status:
+        devices = (cpu, rtx)
+        gpu_offload = True
+
+    monkeypatch.setattr(models_panel, "cpu_bandwidth", lambda: Bandwidth(33e9, "measured"))
+    with qtbot.waitSignal(panel.machineDetected, timeout=WAIT):
+        panel.detect_machine_in_background(Status)
+    assert panel.machine.ram_bandwidth == 33e9 and panel.machine.gpus[0].kind == "cuda"
+
+    def broken() -> None:
+        raise RuntimeError("the engine did not start")
+
+    with qtbot.waitSignal(panel.machineDetected, timeout=WAIT):
+        panel.detect_machine_in_background(broken)
+    assert panel.machine.gpu_source == "guessed"
+    panel._detector.join(5)  # type: ignore[union-attr]
+
+
+def test_usable_speed_is_a_setting(qtbot, tmp_path: Path) -> None:
+    from app.ui.settings_dialog import SettingsDialog
+
+    assert AppSettings().min_speed == 15.0
+    dlg = SettingsDialog(AppSettings(min_speed=8.0))
+    qtbot.addWidget(dlg)
+    assert dlg.min_speed.value() == 8.0
+    dlg.min_speed.setValue(25.0)
+    assert dlg.result_settings().min_speed == 25.0
+    dlg._defaults()
+    assert dlg.result_settings().min_speed == 15.0
+    AppSettings(min_speed=12.0).write(tmp_path)
+    assert AppSettings.read(tmp_path).min_speed == 12.0
+
+
+def test_install_models_panel_follows_the_settings(
+    qtbot, make_panel, tmp_path: Path, no_threads_left
+) -> None:
+    win = StubWindow()
+    qtbot.addWidget(win)
+    panel = install_models_panel(win, machine=EPYC, folders_path=tmp_path / "library.json")
+    try:
+        assert panel.min_speed == 15.0
+        win.apply_settings(dataclasses.replace(win.settings, min_speed=1.0, n_ctx=2048))
+        assert win.settings.min_speed == 1.0  # the window's own apply_settings still runs
+        assert (panel.min_speed, panel.n_ctx) == (1.0, 2048)
     finally:
         panel.shutdown()

@@ -1,5 +1,6 @@
-"""One catalog pair as the Models panel shows it: size, licence, fit badge and download status, worked out
-from the catalog, this machine, the files on disk and the download queue."""
+"""One catalog pair as the Models panel shows it: size, licence, fit badge, expected speed and download
+status, worked out from the catalog, this machine, the speeds measured here, the files on disk and the
+download queue."""
 
 from __future__ import annotations
 
@@ -9,10 +10,22 @@ from pathlib import Path
 from app.ui.downloads import DONE, DOWNLOADING, FAILED, QUEUED, DownloadManager
 from models_registry import library
 from models_registry.catalog import Catalog, CatalogModel, Pair
-from models_registry.fit import Machine, PairFit, estimate_pair, fit_pair
+from models_registry.fit import Machine, PairFit, PairSpeed, estimate_pair, fit_pair, pair_speed
+from models_registry.fit_report import speed_text
+from models_registry.measured import SpeedStore
 from models_registry.units import format_bytes
 
-__all__ = ["Badge", "PairRow", "catalog_order", "fit_badge", "local_path", "machine_text", "make_row"]
+__all__ = [
+    "Badge",
+    "PairRow",
+    "catalog_order",
+    "fit_badge",
+    "local_path",
+    "machine_text",
+    "make_row",
+    "speed_label",
+    "speed_tooltip",
+]
 
 GREEN = ("#116329", "#dafbe1")
 AMBER = ("#7d4e00", "#fff1c2")
@@ -33,6 +46,22 @@ def fit_badge(fit: PairFit) -> Badge:
     if fit.verdict == "cpu":
         return ("CPU only" + tight, *BLUE)
     return ("Does not fit", *RED)
+
+
+def speed_label(s: PairSpeed) -> str:
+    """The speed to expect, short: ``~12 tok/s`` (estimated) or ``12 tok/s`` (measured here)."""
+    return ("" if s.source == "measured" else "~") + f"{s.best:.0f} tok/s"
+
+
+def speed_tooltip(s: PairSpeed) -> str:
+    """Both figures and where they come from."""
+    how = {"measured": "measured on this machine", "estimated": "estimated from the memory bandwidth"}
+    return (
+        f"Plain decoding: {speed_text(s.plain, s.plain_source)} tokens/s ({how[s.plain_source]})\n"
+        f"With the draft ({s.draft_length} drafted per round, {s.acceptance:.0%} accepted): "
+        f"{speed_text(s.speculative, s.speculative_source)} tokens/s ({how[s.speculative_source]})\n"
+        "Auto mode drafts only where it pays, so expect the faster of the two."
+    )
 
 
 _RANK = {"gpu": 3, "partial": 2, "cpu": 1, "none": 0}
@@ -59,6 +88,7 @@ class PairRow:
     error: str = ""
     target_path: Path | None = None
     draft_path: Path | None = None
+    speed: PairSpeed | None = None  # expected decode speed where the fit puts it
 
     @property
     def size(self) -> int:
@@ -103,10 +133,12 @@ class PairRow:
 
 
 def machine_text(m: Machine, n_ctx: int) -> str:
-    """The machine the fit badges are for: RAM, cores, GPUs and the context size assumed."""
+    """The machine the fit badges and speeds are for: RAM, cores, memory bandwidth, GPUs and the context
+    size assumed."""
     gpus = ", ".join(f"{g.name} ({format_bytes(g.total)}{', unified' if g.unified else ''})" for g in m.gpus)
+    bw = f"{m.ram_bandwidth / 1e9:.0f} GB/s" + ("" if m.bandwidth_source != "assumed" else " assumed")
     return (
-        f"This machine: {format_bytes(m.total_ram)} RAM ({format_bytes(m.available_ram)} free), "
+        f"This machine: {format_bytes(m.total_ram)} RAM ({format_bytes(m.available_ram)} free, {bw}), "
         f"{m.physical_cores} cores, GPU: {gpus or 'none'} · fit at {n_ctx:,} tokens of context"
     )
 
@@ -136,12 +168,15 @@ def make_row(
     partials: list[library.PartialDownload],
     downloads: DownloadManager,
     recommended: PairFit | None,
+    measured: SpeedStore | None = None,
 ) -> PairRow:
-    """The row of pair ``p`` at the chosen quantizations (``quants``, else the defaults)."""
+    """The row of pair ``p`` at the chosen quantizations (``quants``, else the defaults); its speed from
+    what `measured` knows of its files, else estimated."""
     t, d = catalog.model(p.target), catalog.model(p.draft)
     tq, dq = quants.get(p.id, (t.default_quant, d.default_quant))
     need = estimate_pair(t, d, n_ctx=n_ctx, target_quant=tq, draft_quant=dq)
     fit = fit_pair(need, machine, pair=p)
+    speed = pair_speed(fit, machine, t, d, target_quant=tq, draft_quant=dq, measured=measured)
     rec = recommended is not None and recommended.pair is not None and recommended.pair.id == p.id
     tpath, dpath = local_path(t, tq, local), local_path(d, dq, local)
     items = [downloads.find(m.repo, m.file(q).file) for m, q in ((t, tq), (d, dq))]
@@ -171,4 +206,4 @@ def make_row(
         error = next(it.error for it in live if it.state == FAILED)
     elif tpath or dpath or any(it.done for it in live) or has_partial(t) or has_partial(d):
         status = "partial"
-    return PairRow(p, t, d, tq, dq, fit, rec, status, progress, error, tpath, dpath)
+    return PairRow(p, t, d, tq, dq, fit, rec, status, progress, error, tpath, dpath, speed)

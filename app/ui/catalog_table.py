@@ -1,4 +1,5 @@
-"""The catalog table: a Qt model over `PairRow`s, a delegate painting fit and status badges, and the view."""
+"""The catalog table: a Qt model over `PairRow`s (fit, expected speed, status), a delegate painting fit and
+status badges, and the view."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from PySide6.QtWidgets import (
     QTableView,
 )
 
-from app.ui.catalog_rows import PairRow, fit_badge
+from app.ui.catalog_rows import PairRow, fit_badge, speed_label, speed_tooltip
+from models_registry.fit import MIN_SPEED
 from models_registry.units import format_bytes
 
 __all__ = ["BadgeDelegate", "BadgeRole", "CatalogTable", "CatalogTableModel", "LinesRole", "RowRole"]
@@ -36,13 +38,14 @@ LinesRole = Qt.ItemDataRole.UserRole + 3  # (first line, second line, bold first
 class CatalogTableModel(QAbstractTableModel):
     """Table model over `PairRow`s."""
 
-    PAIR, SIZE, QUANT, LICENCE, GOOD_FOR, FIT, STATUS = range(7)
+    PAIR, SIZE, QUANT, LICENCE, GOOD_FOR, FIT, SPEED, STATUS = range(8)
     TARGET = PAIR  # the pair column shows the target, and the draft below it
-    HEADERS = ("Target + draft", "Size", "Quantization", "Licence", "Good for", "Fit", "Status")
+    HEADERS = ("Target + draft", "Size", "Quantization", "Licence", "Good for", "Fit", "Speed", "Status")
 
     def __init__(self, parent: Any = None) -> None:
         super().__init__(parent)
         self.rows: list[PairRow] = []
+        self.min_speed = MIN_SPEED  # speeds below it show in amber
 
     def set_rows(self, rows: list[PairRow]) -> None:
         self.beginResetModel()
@@ -104,7 +107,9 @@ class CatalogTableModel(QAbstractTableModel):
                 return QBrush(QColor("#9a6700"))
             if c in (self.GOOD_FOR, self.QUANT):
                 return QBrush(QColor("#57606a"))
-        if role == Qt.ItemDataRole.TextAlignmentRole and c == self.SIZE:
+            if c == self.SPEED and r.speed is not None and r.speed.best < self.min_speed:
+                return QBrush(QColor("#9a6700"))
+        if role == Qt.ItemDataRole.TextAlignmentRole and c in (self.SIZE, self.SPEED):
             return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         return None
 
@@ -121,6 +126,8 @@ class CatalogTableModel(QAbstractTableModel):
             return r.pair.good_for
         if c == self.FIT:
             return fit_badge(r.fit)[0]
+        if c == self.SPEED:
+            return speed_label(r.speed) if r.speed is not None else ""
         if c == self.STATUS:
             b = r.status_badge()
             return b[0] if b else "Not downloaded"
@@ -130,6 +137,11 @@ class CatalogTableModel(QAbstractTableModel):
         if c == self.FIT:
             return (f"{r.fit.summary}; needs about {format_bytes(r.fit.need.total)} at "
                     f"{r.fit.need.target.n_ctx} tokens of context")  # fmt: skip
+        if c == self.SPEED and r.speed is not None:
+            slow = r.speed.best < self.min_speed
+            return speed_tooltip(r.speed) + (
+                f"\nBelow the usable speed set in Settings ({self.min_speed:g} tokens/s)" if slow else ""
+            )
         if c == self.LICENCE and r.gated:
             return "Gated on the Hub: accept the licence on the model page and set HF_TOKEN to download"
         if c == self.STATUS and r.error:

@@ -3,22 +3,28 @@
 Tabs:
 
 * **Catalog**: every curated pair with target, draft, size, quantization, licence (gated marked), what it
-  is good for, a coloured fit badge for this machine (`models_registry.fit`) and its download status;
-  the recommended pair comes first (rows: `app.ui.catalog_rows`, table: `app.ui.catalog_table`). The
-  detail pane below (`app.ui.pair_details`) picks other quantizations and offers Download / Load / Delete.
+  is good for, a coloured fit badge for this machine (`models_registry.fit`), the decode speed to expect
+  here (measured by ``tandem generate`` or estimated from the memory bandwidth) and its download status;
+  the recommended pair (the largest expected to reach the usable speed, else the fastest) comes first
+  (rows: `app.ui.catalog_rows`, table: `app.ui.catalog_table`). The detail pane below
+  (`app.ui.pair_details`) picks other quantizations and offers Download / Load / Delete.
 * **Downloads**: the queue (`app.ui.downloads`, shown by `app.ui.downloads_view`).
 * **Installed**: GGUF files in the Hugging Face cache and in the user's folders, with delete and
   *Add folder…* (`app.ui.installed_view`; what Delete removes: `app.ui.delete_policy`).
 * **Custom pair**: any two GGUFs, local or on the Hub, vetted before loading (`app.ui.pair_chooser`).
 
 On a machine without models a banner recommends a pair (`app.ui.recommend_banner`).
-`install_models_panel(window)` adds the panel to the main window and routes Load to ``window.load_pair``.
+`install_models_panel(window)` adds the panel to the main window and routes Load to ``window.load_pair``;
+the machine's GPUs come from the window's engine (its device list), the memory bandwidth is measured
+once (off the GUI thread) and kept.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,9 +54,11 @@ from app.ui.pair_chooser import PairChooser
 from app.ui.pair_details import PairDetails
 from app.ui.recommend_banner import RecommendBanner
 from models_registry import library
+from models_registry.bandwidth import cached_cpu_bandwidth, cpu_bandwidth
 from models_registry.catalog import Catalog, Pair, default_catalog
-from models_registry.fit import Machine, PairFit, detect_machine, recommend
+from models_registry.fit import MIN_SPEED, Machine, PairFit, detect_machine, gpus_from_devices, recommend
 from models_registry.hub import RetryPolicy, hub_cache_dir
+from models_registry.measured import SpeedStore
 
 log = logging.getLogger("tandem.ui")
 
@@ -100,6 +108,7 @@ class ModelsPanel(QWidget):
     loadRequested = Signal(str, str)  # target path, draft path
     pairLoadRequested = Signal(str, str, object)  # target path, draft path, catalog Pair (or None)
     firstRunChanged = Signal(bool)
+    machineDetected = Signal(object)  # Machine: the engine's GPUs and the measured bandwidth arrived
 
     def __init__(
         self,
@@ -113,12 +122,18 @@ class ModelsPanel(QWidget):
         downloads: DownloadManager | None = None,
         policy: RetryPolicy | None = None,
         check_kwargs: dict[str, Any] | None = None,
+        min_speed: float = MIN_SPEED,
+        measured: SpeedStore | None = None,
     ) -> None:
         super().__init__(parent)
         self._gc = MainThreadGC(self)  # worker threads must never collect Qt objects
         self.catalog = catalog or default_catalog()
-        self.machine = machine or detect_machine()
+        # until `detect_machine_in_background` reports: GPUs guessed, the bandwidth as cached (if it is)
+        self.machine = machine or detect_machine(bandwidth=cached_cpu_bandwidth())
         self.n_ctx = n_ctx
+        self.min_speed = min_speed
+        self.measured = measured if measured is not None else SpeedStore()
+        self._detector: threading.Thread | None = None
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self.folders_path = Path(folders_path) if folders_path is not None else None
         self.downloads = downloads or DownloadManager(self, cache_dir=cache_dir, policy=policy)
@@ -136,6 +151,7 @@ class ModelsPanel(QWidget):
         self.downloads.fileFinished.connect(lambda _k, _p: self.refresh())
         self.downloads.added.connect(lambda _k: self._update_tab_titles())
         self.downloads.removed.connect(lambda _k: self._update_tab_titles())
+        self.machineDetected.connect(self.set_machine)
         self.refresh()
         if self.model.rows:
             self.table.selectRow(0)
@@ -235,7 +251,11 @@ class ModelsPanel(QWidget):
         except OSError as e:
             self.local, self.partials = [], []
             self.show_message(f"Cannot read the model folders: {e}", "error")
-        self.recommended = recommend(self.machine, catalog=self.catalog, n_ctx=self.n_ctx)
+        self.recommended = recommend(
+            self.machine, catalog=self.catalog, n_ctx=self.n_ctx, min_speed=self.min_speed,
+            measured=self.measured,
+        )  # fmt: skip
+        self.model.min_speed = self.min_speed
         selected = self.selected_pair_id()
         rows = [self._make_row(p) for p in self.catalog.pairs]
         rows.sort(key=catalog_order)
@@ -252,6 +272,7 @@ class ModelsPanel(QWidget):
         return make_row(
             p, catalog=self.catalog, machine=self.machine, n_ctx=self.n_ctx, quants=self.quants,
             local=self.local, partials=self.partials, downloads=self.downloads, recommended=self.recommended,
+            measured=self.measured,
         )  # fmt: skip
 
     def rows(self) -> list[PairRow]:
@@ -285,6 +306,43 @@ class ModelsPanel(QWidget):
         if n_ctx > 0 and n_ctx != self.n_ctx:
             self.n_ctx = n_ctx
             self.refresh()
+
+    def set_min_speed(self, min_speed: float) -> None:
+        """The tokens/s from which a pair counts as usable (the app's setting): the recommendation follows."""
+        if min_speed >= 0 and min_speed != self.min_speed:
+            self.min_speed = min_speed
+            self.refresh()
+
+    def set_machine(self, machine: Machine) -> None:
+        """The machine the fits and speeds are for (e.g. once its GPUs and bandwidth are known)."""
+        if machine != self.machine and not self._closed:
+            self.machine = machine
+            self.refresh()
+
+    def set_devices(self, devices: Any, gpu_offload: bool = True) -> None:
+        """The GPUs from the engine's device list (``EngineInfo``/``EngineStatus.devices``)."""
+        gpus = gpus_from_devices(devices) if gpu_offload else ()
+        self.set_machine(dataclasses.replace(self.machine, gpus=gpus, gpu_source="engine"))
+
+    def detect_machine_in_background(self, status: Callable[[], Any] | None = None) -> None:
+        """Off the GUI thread: ask `status` (the engine's ``EngineClient.info``) for the GPUs and measure
+        the memory bandwidth (the cached figure if there is one); the panel follows when both are in.
+        Without `status`, or when the engine does not answer, the GPUs stay guessed."""
+
+        def run() -> None:
+            gpus = None
+            if status is not None:
+                try:
+                    st = status()
+                    gpus = gpus_from_devices(st.devices) if st.gpu_offload else ()
+                except Exception as e:  # the engine did not start: the fit guesses the GPUs
+                    log.warning("the engine's devices are not known (%s): the GPUs are guessed", e)
+            found = detect_machine(gpus, bandwidth=cpu_bandwidth())
+            with contextlib.suppress(RuntimeError):  # the panel is gone
+                self.machineDetected.emit(found)
+
+        self._detector = threading.Thread(target=run, name="tandem-ui-machine", daemon=True)
+        self._detector.start()
 
     def _update_pair(self, pair_id: str) -> None:
         i = self.model.row_of(pair_id)
@@ -397,6 +455,8 @@ class ModelsPanel(QWidget):
         self._closed = True
         self.downloads.shutdown(timeout)
         self.chooser.shutdown(timeout)
+        if self._detector is not None:
+            self._detector.join(timeout)
         self._gc.stop()
 
     # -- internals ----------------------------------------------------------------------------------
@@ -427,7 +487,7 @@ class ModelsPanel(QWidget):
         self.firstRunChanged.emit(first)
         if first:
             row = self.row(rec.pair.id) if rec is not None and rec.pair is not None else None
-            self.banner.show_row(row, compact=self.details.compact)
+            self.banner.show_row(row, compact=self.details.compact, min_speed=self.min_speed)
 
     def _update_machine_line(self) -> None:
         self.machine_line.setText(machine_text(self.machine, self.n_ctx))
@@ -478,13 +538,37 @@ def install_models_panel(window: Any, **kwargs: Any) -> ModelsPanel:
     """Create the Models panel, add it with ``window.add_panel("Models", panel)`` and route Load to
     ``window.load_pair(target, draft)``, applying the catalog pair's suggested draft settings (n_max,
     p_min) through ``window.apply_settings`` when the window has one. Keyword arguments go to
-    `ModelsPanel`; ``n_ctx`` defaults to ``window.settings.n_ctx``. The panel's ``shutdown()`` runs when
-    the application quits (call it earlier from the window's own shutdown if you like)."""
+    `ModelsPanel`; ``n_ctx`` and ``min_speed`` default to ``window.settings``'s, and the panel follows
+    them when ``window.apply_settings`` changes them. Unless a ``machine`` is given, the GPUs come from
+    the window's engine (``window.client.info()``, asked off the GUI thread, and every ``modelLoaded``
+    EngineInfo) and the bandwidth is measured once. The panel's ``shutdown()`` runs when the application
+    quits (call it earlier from the window's own shutdown if you like)."""
     settings = getattr(window, "settings", None)
     if "n_ctx" not in kwargs and isinstance(getattr(settings, "n_ctx", None), int):
         kwargs["n_ctx"] = settings.n_ctx  # type: ignore[union-attr]
+    if "min_speed" not in kwargs and isinstance(getattr(settings, "min_speed", None), float):
+        kwargs["min_speed"] = settings.min_speed  # type: ignore[union-attr]
+    detect = "machine" not in kwargs
     panel = ModelsPanel(**kwargs)
     window.add_panel("Models", panel)
+    if detect:
+        client = getattr(window, "client", None)
+        panel.detect_machine_in_background(getattr(client, "info", None))
+        loaded = getattr(window, "modelLoaded", None)
+        if loaded is not None:
+            loaded.connect(lambda info: panel.set_devices(info.devices, info.gpu_offload))
+
+    apply_settings = getattr(window, "apply_settings", None)
+    if callable(apply_settings):
+
+        def apply_and_follow(new: Any) -> None:
+            apply_settings(new)
+            if isinstance(getattr(new, "n_ctx", None), int):
+                panel.set_n_ctx(new.n_ctx)
+            if isinstance(getattr(new, "min_speed", None), float):
+                panel.set_min_speed(new.min_speed)
+
+        window.apply_settings = apply_and_follow  # the window has no settings signal to connect to
 
     def load(target: str, draft: str, pair: Pair | None) -> None:
         current = getattr(window, "settings", None)

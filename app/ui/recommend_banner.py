@@ -1,4 +1,5 @@
-"""The banner a machine without models sees: the catalog pair recommended for it, and Download."""
+"""The banner a machine without models sees: the catalog pair recommended for it (the largest expected to
+answer at the usable speed, else the fastest), how fast it should answer, and Download."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from PySide6.QtWidgets import QBoxLayout, QFrame, QLabel, QPushButton, QWidget
 
 from app.ui.catalog_rows import PairRow, fit_badge
 from app.ui.richtext import escape
+from models_registry.fit import MIN_SPEED, Choice, why
 
 __all__ = ["RecommendBanner"]
 
@@ -32,8 +34,8 @@ class RecommendBanner(QFrame):
         d = QBoxLayout.Direction
         self._layout.setDirection(d.TopToBottom if compact else d.LeftToRight)
 
-    def show_row(self, r: PairRow | None, compact: bool = False) -> None:
-        """Recommend ``r``, or say that no curated pair fits (``None``)."""
+    def show_row(self, r: PairRow | None, compact: bool = False, min_speed: float = MIN_SPEED) -> None:
+        """Recommend ``r`` (picked for `min_speed` tokens/s), or say that no curated pair fits (``None``)."""
         if r is None:
             self.label.setText(
                 "<span id='recommendTitle'><b>No curated pair fits this machine's memory</b></span><br>"
@@ -43,10 +45,15 @@ class RecommendBanner(QFrame):
             self.button.setVisible(False)
             return
         badge = fit_badge(r.fit)
+        speed = ""
+        if r.speed is not None:
+            how = "measured" if r.speed.source == "measured" else "expected"
+            reason = why(Choice(r.fit, r.speed, r.target.params), min_speed)
+            speed = f"<br>About <b>{r.speed.best:.0f} tokens/s</b> here ({how}): {escape(reason)}"
         self.label.setText(
             f"<b style='font-size:14px; color:#0b2e6f'>Recommended for this machine: {r.target.name} + "
-            f"{r.draft.name}</b><br>{r.size_text} download · <span style='color:{badge[1]}'><b>{badge[0]}"
-            f"</b></span> ({r.fit.summary}) · {escape(r.pair.good_for)}"
+            f"{r.draft.name}</b>{speed}<br>{r.size_text} download · <span style='color:{badge[1]}'><b>"
+            f"{badge[0]}</b></span> ({r.fit.summary}) · {escape(r.pair.good_for)}"
         )
         active = r.status in ("downloading", "queued")
         self.button.setVisible(True)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from app.engine import EngineError, GenerationSettings, LoadSettings, parse_gpu_layers
+from models_registry.fit import MIN_SPEED
 
 log = logging.getLogger("tandem.ui")
 
@@ -40,6 +41,7 @@ class AppSettings:
     gpu_layers: str = "auto"  # auto (as many as fit), all, cpu, or a layer count
     gpu_layers_draft: str = "auto"
     n_threads: int = 0
+    min_speed: float = MIN_SPEED  # tokens/s: the Models panel recommends the largest pair reaching it
     last_target: str = ""
     last_draft: str = ""
 

@@ -144,6 +144,16 @@ class SettingsDialog(QDialog):
         f.addRow("CPU threads", self.threads)
         left.addWidget(load)
         left.addStretch(1)
+        models = QGroupBox("Models")
+        f = QFormLayout(models)
+        self.min_speed = _dspin(1.0, 1000.0, s.min_speed, 1.0, decimals=0)
+        self.min_speed.setSuffix(" tokens/s")
+        self.min_speed.setToolTip(
+            "The Models panel recommends the largest pair expected to answer at least this fast on this "
+            "machine (the fastest one if none does)"
+        )
+        f.addRow("Usable speed", self.min_speed)
+        right.addWidget(models)
         note = QLabel(
             "GPU layers: Auto puts the draft and as many target layers as fit on the GPU (all of both "
             "where they fit); type a number to offload that many layers."
@@ -189,6 +199,7 @@ class SettingsDialog(QDialog):
             (self.max_tokens, d.max_tokens),
             (self.n_ctx, d.n_ctx),
             (self.threads, d.n_threads),
+            (self.min_speed, d.min_speed),
         ):
             w.setValue(v)
         self.adaptive.setChecked(d.adaptive)
@@ -216,4 +227,5 @@ class SettingsDialog(QDialog):
             gpu_layers=_gpu_value(self.gpu_target),
             gpu_layers_draft=_gpu_value(self.gpu_draft),
             n_threads=self.threads.value(),
+            min_speed=self.min_speed.value(),
         )
