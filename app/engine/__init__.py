@@ -14,7 +14,7 @@ from app.engine.errors import (
     PromptTooLongError,
 )
 from app.engine.events import Action, Decision, Declined, Finished, Policy, Source, Started, Stats, Step
-from app.engine.info import Device, EngineInfo, EngineStatus, ModelInfo, Offload
+from app.engine.info import Device, EngineInfo, EngineStatus, HistoryInfo, ModelInfo, Offload
 from app.engine.process.client import EngineClient, GenerationStream
 from app.engine.process.errors import EngineCrashedError, RemoteError
 from app.engine.process.turns import QueueFull, Ticket, TurnQueue
@@ -36,6 +36,7 @@ __all__ = [
     "Finished",
     "GenerationSettings",
     "GenerationStream",
+    "HistoryInfo",
     "IncompatibleDraftError",
     "LlamaError",
     "LoadSettings",

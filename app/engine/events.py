@@ -12,6 +12,7 @@ class Source(str, Enum):
     NONE = "none"  # nothing was drafted
     MODEL = "model"  # the draft model
     LOOKUP = "lookup"  # prompt lookup: a copy of earlier text
+    HISTORY = "history"  # a copy from the user's earlier conversations
 
 
 class Action(str, Enum):

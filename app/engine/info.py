@@ -106,3 +106,14 @@ class EngineStatus:
     @property
     def loaded(self) -> bool:
         return self.engine is not None
+
+
+@dataclass(frozen=True)
+class HistoryInfo:
+    """The drafting history: what the history drafter has learned from the user's conversations."""
+
+    enabled: bool  # the loaded pair keeps a history (``LoadSettings.history_dir``)
+    ready: bool = False  # loaded from disk (it loads in the background)
+    tokens: int = 0
+    documents: int = 0  # conversations and API requests
+    size_bytes: int = 0  # on disk

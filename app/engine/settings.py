@@ -27,6 +27,8 @@ class LoadSettings:
     n_gpu_layers: int | None = None
     n_gpu_layers_draft: int | None = None
     flash_attn: bool | None = None
+    # where the drafting history is kept (one file per tokenizer family); None: no history drafter
+    history_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.n_ctx < 16:
@@ -72,6 +74,8 @@ class GenerationSettings:
     p_min: float = 0.0
     adaptive: bool = True
     stop: tuple[str, ...] = ()
+    # the conversation (or API request) this reply belongs to, for the drafting history (None: not kept)
+    history_doc: str | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

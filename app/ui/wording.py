@@ -5,13 +5,19 @@ from __future__ import annotations
 from app.engine import Action, Decision, Declined, Policy, Source
 from app.ui.metrics import ReplyMeter
 
-SOURCE_NAMES = {Source.MODEL: "the draft model", Source.LOOKUP: "prompt lookup", Source.NONE: "nothing"}
+SOURCE_NAMES = {
+    Source.MODEL: "the draft model",
+    Source.LOOKUP: "prompt lookup",
+    Source.HISTORY: "your earlier conversations",
+    Source.NONE: "nothing",
+}
+COPY_NAMES = {Source.LOOKUP: "prompt lookup", Source.HISTORY: "history"}
 
 
 def describe_declined(d: Declined) -> str:
     """A draft auto mode did not use, e.g. "prompt lookup: a 2-token match, too likely to break to pay"."""
     why = "losing lately" if d.losing else "too likely to break to pay"
-    return f"prompt lookup: a {d.match}-token match, {why}"
+    return f"{COPY_NAMES.get(d.source, 'prompt lookup')}: a {d.match}-token match, {why}"
 
 
 def _speedups(d: Decision) -> str:
@@ -29,8 +35,8 @@ def _drafting(d: Decision) -> str:
     if d.policy is Policy.ADAPTIVE:
         acc = d.recent_acceptance
         return f"adaptive: recent acceptance {acc:.0%}" if acc is not None else "adaptive"
-    if d.source is Source.LOOKUP:
-        text = f"prompt lookup: {d.match}-token match"
+    if d.source in COPY_NAMES:
+        text = f"{COPY_NAMES[d.source]}: {d.match}-token match"
         if d.resumes_copy:
             text += ", resuming the copy"
         if d.copy_broke_at:

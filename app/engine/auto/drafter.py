@@ -69,7 +69,7 @@ from app.engine.auto.priors import (
     SERVED_RUNS,
     TOKENS_PER_ROUND,
 )
-from app.engine.drafting.base import Outcome, Proposal
+from app.engine.drafting.base import Drafter, Outcome, Proposal
 from app.engine.drafting.lookup import LookupDrafter
 from app.engine.drafting.model import ModelDrafter
 from app.engine.events import Action, Decision, Declined, Policy, Source
@@ -89,6 +89,7 @@ class AutoDrafter:
         model: ModelDrafter | None,
         lookup: LookupDrafter,
         *,
+        history: Drafter | None = None,
         n_max: int = 8,
         lookup_max: int = LOOKUP_MAX,
         costs: CostModel | None = None,
@@ -101,6 +102,7 @@ class AutoDrafter:
     ):
         self.model = model
         self.lookup = lookup
+        self.history = history  # copies from the user's earlier conversations (a HistoryDrafter)
         self.n_max = n_max  # the draft model's longest draft
         self.lookup_max = max(n_max, lookup_max)  # prompt lookup's
         self.costs: CostModel = costs or MeasuredCosts()
@@ -132,7 +134,8 @@ class AutoDrafter:
         # this reply's evidence for its class, and a copy that held is the copy an edit resumes.
         # Without it a class whose prior does not pay is never drafted, so never learned.
         self._undrafted: tuple[int, int, int, int, tuple[int, ...]] | None = None
-        self._lookup_round = (0, 0)  # the class and diagonal of the lookup round being verified
+        # the class and diagonal (None: a copy from the history) of the copy being verified
+        self._lookup_round: tuple[int, int | None] = (0, 0)
         self._sure = 0  # whether the target was sure of the last tokens when this round was planned
         self._reply: dict[tuple[str, int, int], ReplyAcceptance] = {}  # this reply's evidence, by class
         self.probe_every = probe_every
@@ -186,6 +189,8 @@ class AutoDrafter:
         self._undrafted = None
         self._prompt_len = len(prompt)
         t = self.lookup.begin(prompt)
+        if self.history is not None:
+            t += self.history.begin(prompt)
         if self.model is not None:
             # The draft evaluates the prompt now, batched with the target's prompt processing as in
             # speculative mode, while it is in play; otherwise it catches up only if it drafts again.
@@ -222,7 +227,11 @@ class AutoDrafter:
         if self._undrafted is not None:
             self._follow_undrafted(tokens)
         found = self.lookup.propose(tokens, min(k, self.lookup_max), params, rng)
-        declined = None  # a match prompt lookup found and auto did not draft
+        if self.history is not None:  # the user's history may hold a longer match than the context
+            earlier = self.history.propose(tokens, min(k, self.lookup_max), params, rng)
+            if earlier.tokens and (not found.tokens or earlier.match > found.match):
+                found = earlier
+        declined = None  # a copy prompt lookup or the history found and auto did not draft
         if found.tokens:
             copied, declined = self._plan_copy(tokens, found, t0)
             if copied is not None:
@@ -234,12 +243,14 @@ class AutoDrafter:
     def _plan_copy(
         self, tokens: Sequence[int], found: Proposal, t0: float
     ) -> tuple[Proposal | None, Declined | None]:
-        """Draft (part of) the copy prompt lookup found, or decline it."""
-        diagonal = len(tokens) - found.origin
-        c = self._lookup_class(found.match, diagonal)
+        """Draft (part of) the copy prompt lookup or the history found, or decline it. A copy from the
+        history is judged like one from the context, by its match length (it has no diagonal here)."""
+        from_context = found.source is Source.LOOKUP
+        diagonal = len(tokens) - found.origin if from_context else None
+        c = self._lookup_class(found.match, diagonal) if diagonal is not None else lookup_class(found.match)
         self._lookup_round = (c, diagonal)
         acc = self._estimate("lookup", c)
-        at_breaks = self._breaks.offer(tokens, found)
+        at_breaks = self._breaks.offer(tokens, found) if from_context else frozenset()
         view = AtBreaks(acc, at_breaks, self._breaks.rate()) if at_breaks else acc
         room = len(found.tokens) if acc.trials[0] else min(len(found.tokens), FIRST_LOOKUP)
         plan = best_length(view, self.costs, 0.0, room, self.margin)
@@ -256,7 +267,7 @@ class AutoDrafter:
         if plan.k == 0:
             if self._undrafted is None:
                 self._undrafted = (c, self._sure, diagonal, len(tokens), found.tokens)
-            return None, Declined(Source.LOOKUP, found.match, losing)
+            return None, Declined(found.source, found.match, losing)
         n = plan.k
         if self._undrafted is not None:
             self._follow_undrafted(tokens, end=True)
@@ -264,7 +275,7 @@ class AutoDrafter:
         decision = Decision(
             Action.DRAFT,
             Policy.AUTO,
-            Source.LOOKUP,
+            found.source,
             k=n,
             match=found.match,
             resumes_copy=c == RESUME,
@@ -476,7 +487,7 @@ class AutoDrafter:
         self._target_conf.extend(outcome.confidence)
         if not proposal.tokens:
             kind = "none"
-        elif proposal.source is Source.LOOKUP:
+        elif proposal.source in (Source.LOOKUP, Source.HISTORY):
             kind = f"lookup{self._lookup_round[0]}"
         else:
             kind = f"model{self._model_class}"
@@ -501,9 +512,9 @@ class AutoDrafter:
                 self._runs.append(1)  # a catch-up: a new run of model rounds
             else:
                 self._runs[-1] += 1
-        if proposal.source is Source.LOOKUP:
+        if proposal.source in (Source.LOOKUP, Source.HISTORY):
             c, diagonal = self._lookup_round
-            if outcome.n_accepted:
+            if outcome.n_accepted and diagonal is not None:
                 self._copy_diagonal = diagonal
             self.lookup_acc[c][self._sure].observe(outcome.n_drafted, outcome.n_accepted, proposal.confidence)
             self._estimate("lookup", c).observe(outcome.n_drafted, outcome.n_accepted)

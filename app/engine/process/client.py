@@ -27,7 +27,7 @@ from app.engine.errors import (
     EngineError,
 )
 from app.engine.events import Finished, Started, Step
-from app.engine.info import EngineInfo, EngineStatus
+from app.engine.info import EngineInfo, EngineStatus, HistoryInfo
 from app.engine.process.errors import EngineCrashedError, crash_fields, error_from_reply
 from app.engine.process.handle import HostHandle
 from app.engine.process.protocol import (
@@ -36,6 +36,8 @@ from app.engine.process.protocol import (
     Error,
     Event,
     Generate,
+    History,
+    HistoryReply,
     Info,
     InfoReply,
     Load,
@@ -256,6 +258,17 @@ class EngineClient:
         host = self._ready()
         reply = self._call(host, Info(request_id=self._request_id()), "while answering info")
         assert isinstance(reply, InfoReply)
+        return reply.info
+
+    def history(self, action: str = "info", documents: Sequence[str] = ()) -> HistoryInfo:
+        """The drafting history (``info``), or ``forget`` all of it, or ``remove`` the tokens of
+        these documents (conversation ids)."""
+        if action != "info":
+            self._refuse_while_generating("change the drafting history")
+        host = self._ready()
+        request = History(action, tuple(documents), request_id=self._request_id())
+        reply = self._call(host, request, "while answering about the history")
+        assert isinstance(reply, HistoryReply)
         return reply.info
 
     def unload(self) -> None:

@@ -27,7 +27,7 @@ from app import __version__
 from app.engine import llama
 from app.engine.engine import Engine, EngineError
 from app.engine.events import Finished
-from app.engine.info import EngineStatus
+from app.engine.info import EngineStatus, HistoryInfo
 from app.engine.process.protocol import (
     CRASH_KINDS,
     Crash,
@@ -35,6 +35,8 @@ from app.engine.process.protocol import (
     Error,
     Event,
     Generate,
+    History,
+    HistoryReply,
     Info,
     InfoReply,
     Load,
@@ -150,6 +152,8 @@ class Host:
                 self._tokenize(request)
             elif isinstance(request, Info):
                 self.send(InfoReply(self._status(), request_id=request.request_id))
+            elif isinstance(request, History):
+                self._history(request)
             elif isinstance(request, Unload):
                 self._refuse_while_generating("unload the model")
                 self._close_engine()
@@ -236,6 +240,22 @@ class Host:
         return EngineStatus(
             os.getpid(), self.generating, backend, engine, devices, llama.supports_gpu_offload()
         )
+
+    def _history(self, request: History) -> None:
+        engine = self.engine
+        if request.action != "info":
+            self._refuse_while_generating("change the drafting history")
+        if engine is None:
+            info = HistoryInfo(False)
+        elif request.action == "forget":
+            info = engine.forget_history()
+        elif request.action == "remove":
+            info = engine.remove_history(request.documents)
+        elif request.action == "info":
+            info = engine.history_info()
+        else:
+            raise EngineError(f"unknown history action {request.action!r}")
+        self.send(HistoryReply(info, request_id=request.request_id))
 
     def _close_engine(self) -> None:
         engine, self.engine = self.engine, None

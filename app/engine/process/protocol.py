@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from app.engine.events import Finished, Started, Step
-from app.engine.info import EngineInfo, EngineStatus
+from app.engine.info import EngineInfo, EngineStatus, HistoryInfo
 from app.engine.settings import GenerationSettings, LoadSettings
 
 CrashKind = Literal["abort", "segfault", "exit"]
@@ -67,6 +67,15 @@ class Unload(Request):
 @dataclass(frozen=True)
 class Info(Request):
     """What is loaded (answered between rounds even while generating). Reply: InfoReply."""
+
+
+@dataclass(frozen=True)
+class History(Request):
+    """The drafting history: ``info``, ``forget`` everything, or ``remove`` documents (conversation
+    ids). Reply: HistoryReply."""
+
+    action: str = "info"
+    documents: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -145,6 +154,13 @@ class InfoReply(Reply):
     """The host's status: what is loaded, its pid, whether it is generating."""
 
     info: EngineStatus
+
+
+@dataclass(frozen=True)
+class HistoryReply(Reply):
+    """The drafting history after a ``History`` request."""
+
+    info: HistoryInfo
 
 
 @dataclass(frozen=True)
