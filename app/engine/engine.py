@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -17,7 +18,7 @@ from app.engine.chat import ChatTemplate, Message
 from app.engine.drafting import Drafter, LookupDrafter, ModelDrafter
 from app.engine.errors import EngineError, IncompatibleDraftError
 from app.engine.events import Finished, Started, Step
-from app.engine.info import EngineInfo, ModelInfo
+from app.engine.info import EngineInfo, HistoryInfo, ModelInfo
 from app.engine.llama import (
     Context,
     Model,
@@ -33,8 +34,11 @@ from app.engine.settings import MODES, GenerationSettings, LoadSettings
 from app.engine.speculative import TargetCache, generate
 from app.gguf import compat
 from app.gguf.memory import Footprint, file_footprint
-from app.gguf.meta import GGUFError
+from app.gguf.meta import GGUFError, read_metadata_file
 from app.gguf.split import first_part, missing_parts, split_info
+
+if TYPE_CHECKING:
+    from app.engine.keeper import HistoryKeeper
 
 log = logging.getLogger("tandem.engine")
 
@@ -70,6 +74,7 @@ class Engine:
                     f"the draft model cannot be used with this target: {self.compatibility.reason}"
                 )
         self.plan = self._plan(settings, target_path, draft_path)
+        self._keeper = _keeper(settings.history_dir, target_path)
         self.draft: Model | None = None
         self._draft_ctx: Context | None = None
         self._target_ctx: Context | None = None
@@ -247,6 +252,7 @@ class Engine:
                 self._auto[gs.n_max] = AutoDrafter(
                     self._model_drafter,
                     LookupDrafter(stops=self.target.control_tokens),
+                    history=self._keeper.drafter if self._keeper is not None else None,
                     n_max=gs.n_max,
                     costs=self.costs,
                 )
@@ -271,8 +277,11 @@ class Engine:
         is_cancelled = cancel.is_set if isinstance(cancel, threading.Event) else cancel
         if not self._lock.acquire(blocking=False):
             raise EngineError("a generation is already running on this engine")
+        keeper = self._keeper if gs.history_doc else None
+        if keeper is not None and drafter is not keeper.drafter and not isinstance(drafter, AutoDrafter):
+            keeper.drafter.begin(prompt)  # other modes draft otherwise; the history still learns the reply
         try:
-            yield from generate(
+            for event in generate(
                 self._cache,
                 drafter,
                 self._policy(gs),
@@ -284,7 +293,11 @@ class Engine:
                 stop=gs.stop,
                 cancel=is_cancelled,
                 mode=gs.mode,
-            )
+            ):
+                if isinstance(event, Finished) and keeper is not None:
+                    keeper.drafter.learn([*prompt, *event.tokens])
+                    keeper.record(gs.history_doc)  # type: ignore[arg-type]
+                yield event
         finally:
             self._lock.release()
 
@@ -331,7 +344,20 @@ class Engine:
             gpu_offload=supports_gpu_offload(),
         )
 
+    # -- the drafting history ----------------------------------------------------------------------
+    def history_info(self) -> HistoryInfo:
+        return self._keeper.info() if self._keeper is not None else HistoryInfo(False)
+
+    def forget_history(self) -> HistoryInfo:
+        return self._keeper.forget() if self._keeper is not None else HistoryInfo(False)
+
+    def remove_history(self, documents: Sequence[str]) -> HistoryInfo:
+        return self._keeper.remove(documents) if self._keeper is not None else HistoryInfo(False)
+
     def close(self) -> None:
+        keeper = getattr(self, "_keeper", None)
+        if keeper is not None:
+            keeper.close()
         for obj in (
             getattr(self, "_draft_ctx", None),
             getattr(self, "draft", None),
@@ -346,6 +372,20 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _keeper(folder: str | None, target: Path) -> HistoryKeeper | None:
+    """The drafting history for the target's tokenizer family (None without a history folder)."""
+    if not folder:
+        return None
+    from app.engine.keeper import HistoryKeeper
+
+    try:
+        fingerprint = compat.vocab_fingerprint(read_metadata_file(target))[:16]
+    except (GGUFError, OSError) as e:
+        log.warning("no drafting history: cannot read the target's vocabulary: %s", e)
+        return None
+    return HistoryKeeper(folder, fingerprint)
 
 
 def _model_path(path: str) -> Path:
