@@ -24,8 +24,8 @@ from .hf_cache import hub_cache_dir
 from .hub_errors import HubError
 from .library import list_local, list_partials
 from .measured import SpeedStore
+from .parts import download_model
 from .refs import check_refs, resolve_model_ref
-from .transfer import download
 from .units import format_bytes
 
 __all__ = [
@@ -156,11 +156,12 @@ class _ProgressBar:
 
 
 def cmd_download(args: argparse.Namespace) -> int:
-    """Download REPO FILE into the HF cache; prints the verified file's path on stdout."""
+    """Download REPO FILE into the HF cache (every part of a split model, named by any part); prints
+    the path llama.cpp opens (the first part) on stdout."""
     bar = _ProgressBar(args.file)
     cancel = threading.Event()
     try:
-        path = download(args.repo, args.file, revision=args.revision, progress=bar, cancel=cancel)
+        path = download_model(args.repo, args.file, revision=args.revision, progress=bar, cancel=cancel)
     except KeyboardInterrupt:
         cancel.set()
         bar.close()

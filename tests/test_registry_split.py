@@ -224,3 +224,14 @@ def test_split_models_in_a_user_folder(tmp_path: Path, split_model: list[Path]) 
     freed = library.delete_user_file(folder / split_model[1].name, folders=[folder])
     assert freed == sum(p.stat().st_size for p in split_model[:2])
     assert sorted(p.name for p in folder.iterdir()) == ["other.gguf"]
+
+
+def test_tandem_download_fetches_every_part(
+    fake_hub: FakeHub, served: list[bytes], split_model: list[Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from models_registry.cli import main
+
+    assert main(["download", REPO, split_model[2].name]) == 0
+    printed = Path(capsys.readouterr().out.strip())
+    assert printed.name == "tiny-00001-of-00003.gguf"  # the file llama.cpp opens
+    assert [(printed.parent / p.name).read_bytes() for p in split_model] == served
