@@ -30,11 +30,13 @@ from PySide6.QtWidgets import (
 
 from app import __version__
 from app.engine import EngineClient, EngineInfo, LoadSettings
+from app.remote_client import RemoteInfo
 from app.ui.chat_view import ChatView, MessageWidget
 from app.ui.composer import Composer
 from app.ui.conversations import NEW_TITLE, ConversationsView
 from app.ui.gauges import GaugesPanel
 from app.ui.gc_guard import MainThreadGC
+from app.ui.local_server import LocalServer
 from app.ui.metrics import PlainCost, ReplyMeter
 from app.ui.paths import data_dir
 from app.ui.reply_stream import ReplyStream, draft_spans
@@ -78,6 +80,7 @@ class MainWindow(QMainWindow):
         self.reply = ReplyStream(self)
         self._build()
         self._connect_worker()
+        self.local_server = LocalServer(self)  # Server › Serve the loaded pair, and its status indicator
         self._restore_geometry()
         self.conversations.refresh()
         last = self.store.get_meta("last_conversation")
@@ -192,9 +195,9 @@ class MainWindow(QMainWindow):
 
     # -- state held by the views --------------------------------------------------------------------
     @property
-    def info(self) -> EngineInfo | None:
-        """The engine's description of the loaded models (None before a pair is loaded)."""
-        return self.status.info
+    def info(self) -> EngineInfo | RemoteInfo | None:
+        """The engine's description of the loaded models, or the remote server the chat uses instead."""
+        return self.status.remote or self.status.info
 
     @property
     def conversation(self) -> Conversation | None:
@@ -417,7 +420,7 @@ class MainWindow(QMainWindow):
     def update_actions(self) -> None:
         """Enable the actions and the messages' buttons that apply now."""
         ready = bool(self.info) and not self.loading and not self.speed_check.running
-        self.speed_check.set_ready(ready and not self.generating)
+        self.speed_check.set_ready(ready and not self.generating and self.status.remote is None)
         self.send_button.setEnabled(self.generating or ready)
         self.stop_action.setEnabled(self.generating)
         self.regen_action.setEnabled(ready and not self.generating)
@@ -489,6 +492,7 @@ class MainWindow(QMainWindow):
         self.conversations.save_system_prompt()
         self.store.set_meta("window_geometry", bytes(self.saveGeometry().toBase64().data()).decode())
         self.store.set_meta("splitter_sizes", ",".join(str(s) for s in self.splitter.sizes()))
+        self.local_server.shutdown()
         self.worker.shutdown()
         self.store.close()
         self._gc.stop()

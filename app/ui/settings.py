@@ -42,6 +42,7 @@ class AppSettings:
     gpu_layers_draft: str = "auto"
     n_threads: int = 0
     min_speed: float = MIN_SPEED  # tokens/s: the Models panel recommends the largest pair reaching it
+    server_port: int = 8080  # the local API (Server › Local API server) on 127.0.0.1
     last_target: str = ""
     last_draft: str = ""
 

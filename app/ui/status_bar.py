@@ -1,7 +1,8 @@
 """The main window's status bar: the loaded pair, its backend, memory use and load progress.
 
 It holds the engine's description of the loaded models (an ``EngineInfo``, as `EngineWorker.loaded`
-gives it), so everything read from that description is here.
+gives it), so everything read from that description is here; and, while the chat goes to a remote
+server instead, that server (a ``RemoteInfo``, as `EngineWorker.connected` gives it).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar, QWidget
 
 from app.engine import EngineClient, EngineInfo, LoadSettings
+from app.remote_client import RemoteInfo
 from models_registry.units import format_bytes
 
 __all__ = ["StatusBar", "backend_text"]
@@ -29,6 +31,7 @@ class StatusBar(QStatusBar):
         super().__init__(parent)
         self.client = client
         self.info: EngineInfo | None = None
+        self.remote: RemoteInfo | None = None  # the server the chat uses instead of the engine
         self._load_has_draft = False
         self.pair_label = QLabel("No model loaded")
         self.backend_label = QLabel("")
@@ -52,6 +55,7 @@ class StatusBar(QStatusBar):
         self.progress.setValue(0)
         self.progress.setVisible(True)
         self._load_has_draft = bool(settings.draft)
+        self.remote = None  # loading a pair goes back to the engine
         self.pair_label.setText(f"Loading {Path(settings.target).name}…")
 
     def load_progress(self, stage: str, fraction: float) -> None:
@@ -87,19 +91,33 @@ class StatusBar(QStatusBar):
         return self.info is not None and self.info.draft is not None
 
     def where(self) -> str:
-        """Where the models run, for the gauges: "CPU", "GPU" or "" (nothing loaded)."""
+        """Where the models run, for the gauges: "CPU", "GPU", "server" or "" (nothing loaded)."""
+        if self.remote is not None:
+            return "server"
         if self.info is None:
             return ""
         return "GPU" if self.info.target.offload.on_gpu else "CPU"
 
     def about_backend(self) -> str:
         """The backend line of the About box."""
+        if self.remote is not None:
+            return f"a remote server, {self.remote.base_url}"
         return backend_text(self.info) if self.info else "no model loaded"
+
+    def show_remote(self, remote: RemoteInfo | None) -> None:
+        """The chat goes to ``remote`` (None: back to the loaded pair, if any)."""
+        self.remote = remote
+        self.show_model(False)
 
     def show_model(self, loading: bool) -> None:
         """Name the loaded pair and its backend (left as they are while a pair loads)."""
         info = self.info
-        if info:
+        if self.remote is not None:
+            self.pair_label.setText(self.remote.label)
+            self.pair_label.setToolTip(f"{self.remote.model} at {self.remote.base_url}")
+            self.backend_label.setText(f"Remote · {self.remote.host}")
+            self.backend_label.setToolTip("Replies come from this server; the loaded pair (if any) waits")
+        elif info:
             models = [m for m in (info.target, info.draft) if m is not None]
             self.pair_label.setText("  +  ".join(Path(m.path).name for m in models))
             self.pair_label.setToolTip(

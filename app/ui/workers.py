@@ -4,12 +4,16 @@
 thread; everything they report crosses back through one queued signal and is re-emitted from the GUI
 thread, so every public signal is delivered in the GUI thread. Step events are coalesced: the engine
 thread appends them to a buffer and posts at most one wake-up until the GUI has drained it, so a fast
-model cannot flood the event loop. Cancelling is ``client.cancel()`` (thread-safe; the engine stops
-within one round), never killing a thread.
+model cannot flood the event loop. Cancelling stops the worker's own reply (thread-safe; the engine stops
+within one round), never killing a thread, nor a request of the local server's that holds the engine.
+
+The chat can go to a remote server instead (``use_remote``: an ``app.remote_client.RemoteClient``,
+which streams the same events); loading a pair goes back to the engine.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -39,7 +43,7 @@ CALIBRATION_PROMPT = [{"role": "user", "content": "Say hello."}]
 
 @dataclass
 class _Job:
-    kind: str  # load | generate | calibrate | check | stop
+    kind: str  # load | generate | calibrate | check | connect | stop
     payload: Any = None
     cancelled: bool = False
     messages: list[dict[str, Any]] = field(default_factory=list)
@@ -60,6 +64,8 @@ class EngineWorker(QObject):
     checkProgress = Signal(int, int)  # generations done, of how many
     checked = Signal(object)  # CheckResult, or None (cancelled, or no text)
     busyChanged = Signal(bool)
+    connected = Signal(object)  # RemoteInfo: the chat goes to a remote server (None: to the engine again)
+    connectFailed = Signal(str)
 
     _post = Signal(object)  # engine thread -> GUI thread
 
@@ -78,6 +84,9 @@ class EngineWorker(QObject):
         self._buffer: list[Step] = []
         self._wake_pending = False
         self._current: _Job | None = None
+        self._holds_turn = False  # the current job holds the engine (a local server's request does not)
+        self._stream: Any = None  # the reply being streamed (the engine's or a remote server's)
+        self.remote: Any = None  # the RemoteClient the chat uses instead of the engine, or None
         self._queued_generate: _Job | None = None
         self._busy = False
         self._closed = False
@@ -104,13 +113,22 @@ class EngineWorker(QObject):
         """Does speculation pay here? Plain decoding against ``settings.mode`` on ``prompts``."""
         self._submit(_Job("check", settings, messages=[{"content": p} for p in prompts]))
 
+    def use_remote(self, remote: Any) -> None:
+        """Chat with ``remote`` (an ``app.remote_client.RemoteClient``) instead of the engine once it
+        answers (``connected`` with its ``connect()``, or ``connectFailed``); None: the engine again."""
+        self._submit(_Job("connect", remote))
+
     def cancel(self) -> None:
         """Stop the running (or queued) reply or check; the engine finishes the current round."""
         with self._lock:
             for job in (self._current, self._queued_generate):
                 if job is not None and job.kind in ("generate", "check"):
                     job.cancelled = True
-        self.client.cancel()
+            stream, current, holds = self._stream, self._current, self._holds_turn
+        if stream is not None:
+            stream.cancel()
+        elif holds and current is not None and current.kind in ("check", "calibrate"):
+            self.client.cancel()
 
     @property
     def busy(self) -> bool:
@@ -169,8 +187,11 @@ class EngineWorker(QObject):
                 self._current = job
                 if job is self._queued_generate:
                     self._queued_generate = None
+            remote = job.kind == "connect" or (job.kind == "generate" and self.remote is not None)
             try:
-                with self.turns.turn(bounded=False):
+                # the engine's jobs wait for their turn; a remote server's do not
+                with contextlib.nullcontext() if remote else self.turns.turn(bounded=False):
+                    self._holds_turn = not remote
                     getattr(self, f"_do_{job.kind}")(job)
             except Exception:  # a bug: report it, keep the thread alive
                 log.exception("engine job %s failed", job.kind)
@@ -178,10 +199,12 @@ class EngineWorker(QObject):
             finally:
                 with self._lock:
                     self._current = None
+                    self._holds_turn = False
                 self._post.emit(("idle", None))
 
     def _do_load(self, job: _Job) -> None:
         settings: LoadSettings = job.payload
+        self.remote = None  # loading a pair goes back to the engine
         self._emit("loadStarted", settings)
         try:
             info = self.client.load(settings, progress=lambda stage, f: self._emit("loadProgress", stage, f))
@@ -196,7 +219,9 @@ class EngineWorker(QObject):
             self._emit("finished", None)
             return
         try:
-            stream = self.client.generate(messages=job.messages, settings=job.payload)
+            stream = (self.remote or self.client).generate(messages=job.messages, settings=job.payload)
+            with self._lock:
+                self._stream = stream
             with stream:
                 if job.cancelled:
                     stream.cancel()
@@ -222,6 +247,19 @@ class EngineWorker(QObject):
         except Exception as e:
             if not self._closed:
                 self._emit("failed", _describe(e), False)
+        finally:
+            with self._lock:
+                self._stream = None
+
+    def _do_connect(self, job: _Job) -> None:
+        try:
+            info = job.payload.connect() if job.payload is not None else None
+        except Exception as e:
+            if not self._closed:
+                self._emit("connectFailed", _describe(e))
+            return
+        self.remote = job.payload
+        self._emit("connected", info)
 
     def _restart(self) -> None:
         """After a crash: a fresh engine process with the same models, so the next message works."""
