@@ -11,6 +11,7 @@ from PySide6.QtWidgets import QApplication
 
 from app.ui.main_window import MainWindow
 from app.ui.models_panel import install_models_panel
+from app.ui.servers_view import attach_servers
 from app.ui.theme import apply_theme
 
 
@@ -26,6 +27,7 @@ def run_app(argv: Sequence[str] | None = None, target: str | None = None, draft:
     apply_theme(app)  # type: ignore[arg-type]
     window = MainWindow()
     panel = install_models_panel(window)
+    attach_servers(window, panel.servers)  # the Servers tab sends the chat to a remote server
     window.panel_width(panel, 640)  # the catalog table needs room while its tab is open
     window.show()
     if panel.should_show_first_run() and not target:

@@ -95,6 +95,8 @@ class ReplyMeter:
         self.rounds += 1
         self.rounds_drafted += step.n_drafted > 0
         self.t_decode += step.t_round
+        if not step.tokens:  # a remote server's text: its counts come with Finished
+            return
         self._window.append((len(step.tokens), step.t_round))
         t = sum(dt for _, dt in self._window)
         if t > 0 and len(self._window) >= min(RATE_WINDOW, 4):  # a single round's rate is mostly noise
@@ -105,6 +107,10 @@ class ReplyMeter:
 
     def finish(self, fin: Finished) -> None:
         self.finished = fin
+        s = fin.stats
+        if not self.n_tokens and s.n_generated:  # a remote server's reply: its steps carried text only
+            self.n_tokens, self.n_drafted, self.n_accepted = s.n_generated, s.n_drafted, s.n_accepted
+            self.rounds_drafted = s.rounds_drafted
 
     # -- figures ------------------------------------------------------------------------------------
     @property

@@ -12,6 +12,7 @@ Tabs:
 * **Installed**: GGUF files in the Hugging Face cache and in the user's folders, with delete and
   *Add folder…* (`app.ui.installed_view`; what Delete removes: `app.ui.delete_policy`).
 * **Custom pair**: any two GGUFs, local or on the Hub, vetted before loading (`app.ui.pair_chooser`).
+* **Servers**: chat with a remote OpenAI-compatible server instead (`app.ui.servers_view`).
 
 On a machine without models a banner recommends a pair (`app.ui.recommend_banner`).
 `install_models_panel(window)` adds the panel to the main window and routes Load to ``window.load_pair``;
@@ -53,6 +54,7 @@ from app.ui.installed_view import InstalledView
 from app.ui.pair_chooser import PairChooser
 from app.ui.pair_details import PairDetails
 from app.ui.recommend_banner import RecommendBanner
+from app.ui.servers_view import ServersView
 from models_registry import library
 from models_registry.bandwidth import cached_cpu_bandwidth, cpu_bandwidth
 from models_registry.catalog import Catalog, Pair, default_catalog
@@ -219,6 +221,8 @@ class ModelsPanel(QWidget):
         self.installed.useAsTarget.connect(lambda p: self._to_chooser(self.chooser.set_target, p))
         self.installed.useAsDraft.connect(lambda p: self._to_chooser(self.chooser.set_draft, p))
         self.tabs.addTab(self.chooser, "Custom pair")
+        self.servers = ServersView()  # remote servers (app.ui.servers_view.attach_servers routes them)
+        self.tabs.addTab(self.servers, "Servers")
 
         self.message = QLabel()
         self.message.setObjectName("panelMessage")

@@ -63,7 +63,7 @@ class ReplyStream(QObject):
         if w.highlight_action.isChecked():
             self.widget.set_highlight([])
         self.meter = ReplyMeter(t_sent=time.perf_counter())
-        self._mode = settings.mode
+        self._mode = "remote" if w.status.remote is not None else settings.mode
         w.gauges.reset()
         self.render_count = 0
         w.set_generating(True)
@@ -120,7 +120,9 @@ class ReplyStream(QObject):
     def show_gauges(self) -> None:
         if self.meter is not None:
             where = self.main.status.where()
-            self.main.gauges.show_reply(self.meter, self.rolling, self.plain_cost.value, where, self._mode)
+            # the cost of plain decoding here says nothing about a remote server's speedup
+            plain = self.plain_cost.value if self._mode != "remote" else None
+            self.main.gauges.show_reply(self.meter, self.rolling, plain, where, self._mode)
 
     def on_finished(self, fin: Finished | None) -> None:
         main = self.main

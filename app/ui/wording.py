@@ -79,6 +79,12 @@ def describe_decision(d: Decision, where: str = "this machine") -> str:
 
 def status_text(meter: ReplyMeter, backend: str, mode: str) -> str:
     """The gauges' one-line status for the reply so far."""
+    if mode == "remote":
+        if meter.finished is None:
+            return "A remote server writes this reply: its speed and acceptance come with its end."
+        if meter.n_drafted:
+            return "A remote server wrote this reply; the acceptance is from the draft counts it reported."
+        return "A remote server wrote this reply; it reported no draft counts (no acceptance to show)."
     last = meter.last
     if meter.paused and last is not None:
         where = f"this {backend}" if backend else "this machine"
