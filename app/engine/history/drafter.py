@@ -10,7 +10,7 @@ import numpy as np
 
 from app.engine.drafting.base import EMPTY, Outcome, Proposal, common_prefix
 from app.engine.events import Source
-from app.engine.history.index import HistoryIndex
+from app.engine.history.index import TRANSIENT, HistoryIndex
 from app.engine.sampling import SamplingParams
 
 _LIVE = itertools.count()
@@ -59,7 +59,7 @@ class HistoryDrafter:
         self.max_match = max_match
         self.max_candidates = max_candidates
         self.stops = frozenset(stops)
-        self.live_id = f"\0live-{next(_LIVE)}"  # the request in progress, as a document of the index
+        self.live_id = f"{TRANSIENT}live-{next(_LIVE)}"  # the request in progress (never saved)
         self._live: list[int] = []  # the tokens it holds
 
     def max_len(self, match: int) -> int:

@@ -47,6 +47,7 @@ from app.engine.history.layout import (
 FEW = 8  # up to this many candidates, the match is measured in a Python loop
 SCAN = 1024  # the most recent occurrences of a K-gram whose match is measured
 MERGE_MIN = 4096  # the dict of recent entries is merged in at max(MERGE_MIN, entries / 256)
+TRANSIENT = "\0"  # documents whose id begins with it are never saved
 _STATE = ("_buf", "_n", "_docs", "_live", "_runs", "_table", "_dead", "_entries", "_pending", "_last_used")
 _BLOCKS = (8, 16, 32)  # tokens compared per step after the K-gram itself (then the last size repeats)
 
@@ -101,14 +102,17 @@ class HistoryIndex:
 
     @property
     def nbytes(self) -> int:
-        """The size of the file :func:`app.engine.history.store.save` would write."""
+        """The size of the file :func:`app.engine.history.store.save` writes (with the transient
+        documents, which it leaves out)."""
         fixed = HEADER_BYTES + len(self.fingerprint.encode()) + CRC_BYTES
         return fixed + 4 * (1 + self._live + self._runs) + self._table
 
-    def documents(self) -> list[str]:
-        """The documents' ids, least recently written first."""
+    def documents(self, *, transient: bool = False) -> list[str]:
+        """The documents' ids, least recently written first; ``transient``: with those whose id begins
+        with ``TRANSIENT`` (a drafter's request in progress), never saved."""
         with self._lock:
-            return sorted(self._docs, key=lambda d: self._docs[d].used)
+            ids = sorted(self._docs, key=lambda d: self._docs[d].used)
+            return ids if transient else [d for d in ids if not d.startswith(TRANSIENT)]
 
     def __contains__(self, doc_id: str) -> bool:
         return doc_id in self._docs
@@ -323,7 +327,7 @@ class HistoryIndex:
         """Take over ``other``'s documents (a loaded file) and K; this index's own documents (the
         latest version of each) are appended after them, as the most recent."""
         with self._lock, other._lock:
-            mine = [(d, self._gather(self._docs[d].text)) for d in self.documents()]
+            mine = [(d, self._gather(self._docs[d].text)) for d in self.documents(transient=True)]
             self.k = other.k
             for name in _STATE:
                 setattr(self, name, getattr(other, name))
@@ -373,6 +377,25 @@ class HistoryIndex:
         ok = neg[pos + 1] == neg[pos - k]  # no separator in the gram nor at its continuation
         self._entries = np.sort(pack(gram_keys(toks, k)[: len(pos)][ok], pos[ok]))
         self._pending = _Pending()
+
+    def snapshot(self) -> tuple[np.ndarray, list[tuple[str, Doc]]]:
+        """The store as a file holds it: its tokens without the removed and the transient documents',
+        and the other documents (least recently written first) with their ranges moved to match."""
+        with self._lock:
+            toks = self._buf[: self._n].copy()
+            for doc_id, doc in self._docs.items():
+                if doc_id.startswith(TRANSIENT):
+                    for a, b in doc.runs:
+                        toks[a : b + 1] = DEAD
+            keep = toks != DEAD
+            new = np.cumsum(keep, dtype=np.int64) - 1
+            docs = []
+            for doc_id in self.documents():
+                doc = self._docs[doc_id]
+                runs = [[int(new[a]), int(new[b])] for a, b in doc.runs]
+                text = [[int(new[a]), int(new[b - 1]) + 1] for a, b in doc.text]
+                docs.append((doc_id, Doc(runs, text, doc.used, doc.n, doc.id_bytes)))
+            return toks[keep], docs
 
     def compact(self) -> None:
         """Drop the removed documents' tokens (and their index entries) from the store. O(N)."""

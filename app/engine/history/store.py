@@ -51,25 +51,22 @@ def file_name(fingerprint: str) -> str:
 
 
 def save(index: HistoryIndex, path: str | os.PathLike) -> int:
-    """Write ``index`` to ``path`` atomically (a temporary file in the same folder, fsync, rename).
-    Compacts the index first. Returns the bytes written."""
+    """Write ``index`` to ``path`` atomically (a temporary file in the same folder, fsync, rename),
+    without its removed and transient documents. Returns the bytes written."""
     path = Path(path)
-    with index._lock:
-        index.compact()
-        index._merge()
-        tokens = index._buf[: index._n].copy()
-        docs = [(d, index._docs[d]) for d in index.documents()]
-        table = b"".join(_doc_record(doc_id, doc) for doc_id, doc in docs)
-        fingerprint = index.fingerprint.encode()
-        head = _HEADER.pack(MAGIC, VERSION, index.k, len(fingerprint), len(docs), len(tokens), len(table))
-    crc = zlib.crc32(table, zlib.crc32(tokens.data, zlib.crc32(fingerprint, zlib.crc32(head))))
+    tokens, docs = index.snapshot()
+    raw = tokens.astype("<i4", copy=False).tobytes()
+    table = b"".join(_doc_record(doc_id, doc) for doc_id, doc in docs)
+    fingerprint = index.fingerprint.encode()
+    head = _HEADER.pack(MAGIC, VERSION, index.k, len(fingerprint), len(docs), len(tokens), len(table))
+    crc = zlib.crc32(table, zlib.crc32(raw, zlib.crc32(fingerprint, zlib.crc32(head))))
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(head)
             f.write(fingerprint)
-            f.write(tokens.astype("<i4", copy=False).tobytes())
+            f.write(raw)
             f.write(table)
             f.write(struct.pack("<I", crc))
             f.flush()
