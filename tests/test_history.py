@@ -286,8 +286,13 @@ def test_the_drafter_searches_the_live_request_and_commits_it() -> None:
     assert p.tokens == (51, 1, 2) and p.match == 4
     assert drafter.propose([70, 71, 8, 9, 10, 50], 0, GREEDY, RNG).tokens == ()
     drafter.close()
-    assert index.documents() == ["chat"]  # the uncommitted request is gone
+    assert index.documents(transient=True) == ["chat"]  # the uncommitted request is gone
+    assert HistoryDrafter(index, stops={1}).propose([8, 9, 10, 50], 3, GREEDY, RNG).tokens == (51,)
     assert HistoryDrafter(index, stops={51}).propose([8, 9, 10, 50], 3, GREEDY, RNG).tokens == ()
+    drafter.begin([1, 2, 3])
+    index.clear()  # the user forgot the history mid-request: the request is searched again whole
+    drafter.learn([1, 2, 3, 4, 5])
+    assert index.tokens(drafter.live_id).tolist() == [1, 2, 3, 4, 5]
 
 
 def test_the_draft_length_follows_the_match_and_the_agreement() -> None:

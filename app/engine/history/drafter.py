@@ -75,6 +75,8 @@ class HistoryDrafter:
     def learn(self, tokens: Sequence[int]) -> None:
         """The request's text so far (the prompt and the reply): the live document takes what is new."""
         live = self._live
+        if live and self.live_id not in self.index:  # the index was cleared or replaced meanwhile
+            live.clear()
         keep = common_prefix(live, tokens, max(0, len(live) - 8))
         if keep < len(live):  # not a continuation: another text, start over
             self._drop()
