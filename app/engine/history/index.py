@@ -15,7 +15,8 @@ key's occurrences, oldest first. The entries added since the last merge sit in a
 max(``MERGE_MIN``, entries / 256). A hash collision only adds a candidate that the match measurement
 rejects. Memory: 4 bytes a token plus 8 an entry (about 12 bytes a token in all).
 
-Costs (N tokens stored): ``add`` O(1) per token plus the amortized merge, O(N / merge_at) per token;
+Costs (N tokens stored): ``add`` O(1) per token plus the amortized merge (at most 256 entries moved
+per token added, as a merge moves N entries once per N / 256 added);
 ``lookup`` O(log N) plus the match measurement over at most ``SCAN`` occurrences; ``continuation``
 O(candidates x length); a full rebuild (loading) O(N log N); compaction O(N). ``timing.measure``
 measures them.
