@@ -459,8 +459,8 @@ class ModelsPanel(QWidget):
         self._closed = True
         self.downloads.shutdown(timeout)
         self.chooser.shutdown(timeout)
-        if self._detector is not None:
-            self._detector.join(timeout)
+        if self._detector is not None:  # a daemon thread: it may wait for an engine that is loading
+            self._detector.join(min(timeout, 2.0))
         self._gc.stop()
 
     # -- internals ----------------------------------------------------------------------------------
