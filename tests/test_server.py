@@ -373,10 +373,11 @@ def healthy(running: Running, seconds: float = 60) -> None:
 
 def test_tandem_serve_end_to_end(tiny_pair, tmp_path) -> None:
     port = free_port()
+    env = {**os.environ, "TANDEM_DATA_DIR": str(tmp_path)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "app", "serve", "--model", str(tiny_pair.target),
          "--draft", str(tiny_pair.draft), "--port", str(port), "--ctx", "512", "--threads", "1"],
-        stderr=subprocess.PIPE, text=True,
+        stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
     try:
         api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=30)

@@ -251,7 +251,7 @@ def test_enter_sends_and_shift_enter_adds_a_line(qtbot) -> None:
     assert len(sent) == 2
 
 
-def test_gpu_layers_default_to_auto_and_are_saved_as_words(tmp_path) -> None:
+def test_gpu_layers_default_to_auto_and_are_saved_as_words(tmp_path, ui_data_dir) -> None:
     s = AppSettings()
     assert (s.gpu_layers, s.gpu_layers_draft) == ("auto", "auto")
     load = s.load("t.gguf", "d.gguf")

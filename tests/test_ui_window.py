@@ -9,6 +9,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 import gc
 import signal
 import sys
+import time
 from dataclasses import replace
 
 import pytest
@@ -209,3 +210,31 @@ def test_does_speculation_pay_runs_on_recent_prompts_and_shows_the_speedup(qtbot
     assert result is not None and result.own_prompts and len(result.ratios) == 1
     assert "x plain decoding" in check.label.text() and "your recent prompts" in check.label.text()
     assert check.button.isEnabled() and w.send_button.isEnabled()
+
+
+def test_the_drafting_history_learns_chats_forgets_deleted_ones_and_shows_in_settings(
+    qtbot, open_window
+) -> None:
+    w = open_window(replace(FAST, max_tokens=16))
+    finish(qtbot, w, "def add(a, b):")
+    first = w.conversation.id
+
+    def history():
+        with qtbot.waitSignal(w.worker.historyInfo, timeout=WAIT) as sig:
+            w.worker.history("info")
+        return sig.args[0]
+
+    deadline = time.monotonic() + 30
+    while not (info := history()).ready:
+        assert time.monotonic() < deadline
+    assert info.enabled and info.documents == 1 and info.tokens > 0
+    w.new_conversation()
+    finish(qtbot, w, "The quick brown fox")
+    assert history().documents == 2
+    w.delete_conversation(first, confirm=False)
+    assert history().documents == 1  # the deleted chat's tokens left the history
+    dlg = w.open_settings()
+    assert dlg.history is not None and dlg.history.learn.isChecked()
+    qtbot.waitUntil(lambda: "conversation" in dlg.history.size.text(), timeout=WAIT)
+    assert "1 conversation" in dlg.history.size.text()
+    dlg.reject()

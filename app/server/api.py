@@ -8,6 +8,7 @@ import hmac
 import json
 import logging
 from collections.abc import AsyncIterator, Iterable
+from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -191,6 +192,8 @@ def _generation(
             max_tokens=max_tokens or served.n_ctx,
             stop=stop_strings(req.stop),
         )
+        if served.history:
+            settings = replace(settings, history_doc=R.new_id("api"))
     except (EngineError, SamplingError) as e:
         raise ApiError(400, str(e)) from None
     try:

@@ -43,6 +43,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="allow browser pages from this origin (repeatable; none by default)",
     )
     p.add_argument("--queue", type=int, default=16, help="requests that may wait for the engine (then 429)")
+    p.add_argument(
+        "--no-history",
+        action="store_true",
+        help="do not draft from (or add requests to) the drafting history the app also keeps",
+    )
     p.add_argument("--ctx", type=int, default=4096, help="context size in tokens (default 4096)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--gpu-layers", default="auto", metavar="auto|all|cpu|N", help="target layers on the GPU")
@@ -74,6 +79,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from app.engine import EngineClient, EngineError, LoadSettings, parse_gpu_layers
+    from app.paths import data_dir
 
     def fail(msg: str) -> int:
         print(f"tandem serve: error: {msg}", file=sys.stderr)
@@ -92,6 +98,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             n_threads=args.threads,
             n_gpu_layers=parse_gpu_layers(args.gpu_layers),
             n_gpu_layers_draft=parse_gpu_layers(args.draft_gpu_layers),
+            history_dir=None if args.no_history else str(data_dir() / "history"),
         )
     except (ValueError, EngineError) as e:
         return fail(str(e))

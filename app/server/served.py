@@ -52,6 +52,7 @@ class Served:
     model_path: str = ""
     n_ctx: int = 4096
     created: int = 0
+    history: bool = False  # requests are recorded in the drafting history (each as its own document)
 
     @property
     def model_id(self) -> str:

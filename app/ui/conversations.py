@@ -22,7 +22,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.ui.reply_stream import draft_spans
+from app.ui.reply_stream import draft_spans, history_doc
 from app.ui.store import Conversation
 
 if TYPE_CHECKING:
@@ -182,6 +182,7 @@ class ConversationsView(QFrame):
         if main.generating and main.reply.conversation_id == conv.id:
             main.stop()
         self.store.delete(conv.id)
+        main.worker.history("remove", [history_doc(conv.id)])  # its tokens leave the drafting history
         if self.conversation and self.conversation.id == conv.id:
             self.conversation = None
             rest = self.store.conversations()

@@ -312,7 +312,7 @@ class MainWindow(QMainWindow):
     # -- settings -----------------------------------------------------------------------------------
     def open_settings(self) -> SettingsDialog:
         """Open the (window-modal, non-blocking) Settings dialog; applies the result on OK."""
-        dlg = SettingsDialog(self.settings, self)
+        dlg = SettingsDialog(self.settings, self, self.worker)
         self.settings_dialog = dlg
         dlg.accepted.connect(lambda: self.apply_settings(dlg.result_settings()))
         dlg.finished.connect(lambda _r: setattr(self, "settings_dialog", None))

@@ -1,16 +1,5 @@
-"""Where the app keeps its data: ``$TANDEM_DATA_DIR`` or the platform's user data directory."""
+"""Where the app keeps its data (see :mod:`app.paths`)."""
 
-from __future__ import annotations
+from app.paths import data_dir
 
-import os
-from pathlib import Path
-
-import platformdirs
-
-
-def data_dir() -> Path:
-    """The app's data directory (created if missing)."""
-    env = os.environ.get("TANDEM_DATA_DIR")
-    path = Path(env) if env else Path(platformdirs.user_data_dir("Tandem", appauthor=False))
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+__all__ = ["data_dir"]

@@ -7,6 +7,7 @@ with the gauges, and stores the reply (with its stats) or the error when it ends
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, QTimer
@@ -54,7 +55,9 @@ class ReplyStream(QObject):
         w = self.main
         assert w.conversation is not None
         history = w.conversations.history()
-        settings = w.settings.generation(has_draft=w.status.has_draft)
+        settings = replace(
+            w.settings.generation(has_draft=w.status.has_draft), history_doc=history_doc(w.conversation.id)
+        )
         self.conversation_id = w.conversation.id
         self.chunks = []
         self.widget = w.chat.add_message("assistant")
@@ -200,3 +203,8 @@ class ReplyStream(QObject):
             chat.remove_from(len(chat.messages) - 1)
         self.widget = None
         self.main.update_actions()
+
+
+def history_doc(conversation_id: int) -> str:
+    """The drafting history's name for a conversation of the app."""
+    return f"chat-{conversation_id}"

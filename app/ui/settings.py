@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from app.engine import EngineError, GenerationSettings, LoadSettings, parse_gpu_layers
+from app.ui.paths import data_dir
 from models_registry.fit import MIN_SPEED
 
 log = logging.getLogger("tandem.ui")
@@ -17,7 +18,7 @@ DRAFT_SOURCES = ("auto", "model", "lookup")
 FILE_NAME = "settings.json"
 
 # fields that only take effect when the models are (re)loaded
-LOAD_FIELDS = ("n_ctx", "gpu_layers", "gpu_layers_draft", "n_threads")
+LOAD_FIELDS = ("n_ctx", "gpu_layers", "gpu_layers_draft", "n_threads", "keep_history")
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class AppSettings:
     n_ctx: int = 4096
     gpu_layers: str = "auto"  # auto (as many as fit), all, cpu, or a layer count
     gpu_layers_draft: str = "auto"
+    keep_history: bool = True  # the history drafter learns from the user's chats (on this machine)
     n_threads: int = 0
     min_speed: float = MIN_SPEED  # tokens/s: the Models panel recommends the largest pair reaching it
     server_port: int = 8080  # the local API (Server › Local API server) on 127.0.0.1
@@ -82,6 +84,7 @@ class AppSettings:
             n_threads=self.n_threads or None,
             n_gpu_layers=_gpu_layers(self.gpu_layers),
             n_gpu_layers_draft=_gpu_layers(self.gpu_layers_draft),
+            history_dir=str(data_dir() / "history") if self.keep_history else None,
         )
 
     def needs_reload(self, other: AppSettings) -> bool:

@@ -20,7 +20,9 @@ from PySide6.QtWidgets import (
 )
 
 from app.engine import EngineError, parse_gpu_layers
+from app.ui.history_box import HistoryBox
 from app.ui.settings import AppSettings
+from app.ui.workers import EngineWorker
 
 SOURCES = (("auto", "Auto (whatever pays)"), ("model", "Draft model"), ("lookup", "Prompt lookup"))
 
@@ -79,7 +81,9 @@ def _dspin(lo: float, hi: float, value: float, step: float, decimals: int = 2) -
 class SettingsDialog(QDialog):
     """Edits a copy of the settings; :meth:`result_settings` returns the edited copy."""
 
-    def __init__(self, settings: AppSettings, parent: QWidget | None = None):
+    def __init__(
+        self, settings: AppSettings, parent: QWidget | None = None, worker: EngineWorker | None = None
+    ):
         super().__init__(parent)
         self.setWindowTitle("Settings")
         self.setObjectName("settingsDialog")
@@ -161,6 +165,9 @@ class SettingsDialog(QDialog):
         note.setWordWrap(True)
         note.setObjectName("gaugeNote")
         right.addWidget(note)
+        self.history = HistoryBox(worker, settings.keep_history) if worker is not None else None
+        if self.history is not None:
+            right.addWidget(self.history)
         right.addStretch(1)
 
         buttons = QDialogButtonBox(
@@ -207,6 +214,10 @@ class SettingsDialog(QDialog):
         _set_gpu(self.gpu_draft, d.gpu_layers_draft)
 
     def result_settings(self) -> AppSettings:
+        keep = self.history.learn.isChecked() if self.history is not None else self._base.keep_history
+        return replace(self._result_settings(), keep_history=keep)
+
+    def _result_settings(self) -> AppSettings:
         n_max = self.n_max.value()
         return replace(
             self._base,

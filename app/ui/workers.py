@@ -35,6 +35,7 @@ from app.engine import (
     TurnQueue,
 )
 from app.speedcheck import run_check
+from app.ui import forgotten
 
 log = logging.getLogger("tandem.ui")
 
@@ -63,6 +64,7 @@ class EngineWorker(QObject):
     calibrated = Signal(list)  # list[Step] of a short plain-decoding run
     checkProgress = Signal(int, int)  # generations done, of how many
     checked = Signal(object)  # CheckResult, or None (cancelled, or no text)
+    historyInfo = Signal(object)  # HistoryInfo, after a history request
     busyChanged = Signal(bool)
     connected = Signal(object)  # RemoteInfo: the chat goes to a remote server (None: to the engine again)
     connectFailed = Signal(str)
@@ -117,6 +119,10 @@ class EngineWorker(QObject):
         """Chat with ``remote`` (an ``app.remote_client.RemoteClient``) instead of the engine once it
         answers (``connected`` with its ``connect()``, or ``connectFailed``); None: the engine again."""
         self._submit(_Job("connect", remote))
+
+    def history(self, action: str = "info", documents: Sequence[str] = ()) -> None:
+        """Ask about the drafting history (``info``), ``forget`` it, or ``remove`` documents."""
+        self._submit(_Job("history", action, messages=[{"content": d} for d in documents]))
 
     def cancel(self) -> None:
         """Stop the running (or queued) reply or check; the engine finishes the current round."""
@@ -213,6 +219,12 @@ class EngineWorker(QObject):
                 self._emit("loadFailed", _describe(e))
             return
         self._emit("loaded", info)
+        removed = forgotten.documents()
+        if removed and settings.history_dir:
+            try:
+                self.client.history("remove", removed)
+            except Exception as e:
+                log.warning("removing deleted chats from the drafting history failed: %s", e)
 
     def _do_generate(self, job: _Job) -> None:
         if job.cancelled:
@@ -313,6 +325,20 @@ class EngineWorker(QObject):
                 self._emit("failed", _describe(e), False)
             return
         self._emit("checked", result)
+
+    def _do_history(self, job: _Job) -> None:
+        documents = [m["content"] for m in job.messages]
+        if job.payload == "remove":
+            # every tokenizer family keeps its own history: remove from the others when they load
+            forgotten.remember(documents)
+        if self.client.settings is None:
+            return
+        try:
+            info = self.client.history(job.payload, documents)
+        except Exception as e:  # not worth failing a chat over
+            log.warning("drafting history request failed: %s", e)
+            return
+        self._emit("historyInfo", info)
 
 
 def _describe(e: BaseException) -> str:
