@@ -1,0 +1,571 @@
+"""Multi-turn work: a first request and its revisions, every mode on the same history.
+
+Laptop work repeats itself: a first request is followed by revisions ("now add type hints and show the
+whole file"), and an editor or agent re-sends a growing file. Each conversation in a JSONL file (``id``,
+``kind``, ``turns``: the user's messages; the default is ``bench/conversations.jsonl``) runs its turns
+in order with the real history: the chat so far, the user's messages and plain decoding's earlier
+replies. For each turn every mode answers the same history, greedy, back to back in the order of one
+row of a Williams design (``bench.run.balanced_order``; the row moves on every turn, so the order
+changes from turn to turn and conversation to conversation), and greedy auto mode must write plain
+decoding's text (a difference is reported, with the target's top-two gap where it happens). The KV
+caches are kept from request to request as a chat keeps them (a request reuses what it shares with
+the last one) and emptied at each conversation's start; decode speed does not include prompt
+processing.
+
+Modes: ``plain``, ``auto`` and ``auto-history``: auto mode with the history drafter, which keeps what
+the user wrote in a folder (``LoadSettings.history_dir``) and learns each request's prompt and reply
+under its conversation (``GenerationSettings.history_doc``). ``auto-history`` runs only on an engine
+with those fields, on a second load of the pair (auto mode drafts from a history whenever its pair
+keeps one, so plain and auto run on a pair loaded without one); both loads plan with one cost model.
+Every repeat then runs two passes on a new history folder: the first learns the history as the
+workload goes (a turn can draw on the turns and conversations before it); then the pairs are closed
+and loaded again, the history from the same folder, and the second pass runs the whole workload again
+with everything the first one learned::
+
+    python -m bench.multiturn --target T.gguf --draft D.gguf --repeats 2
+
+Prints, per pass and mode, decode tokens/s and the speedup over plain for first turns and for revision
+turns apart (pooled, and the median with quartiles and range over turns), acceptance and tokens per
+round, and writes JSON (``--out``) that ``python -m bench.replay`` reads: its plain replies carry the
+chat they answered, and its categories are ``first`` and ``revision``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.run import REPO, TIE_GAP, balanced_order, lookup_bound, machine
+
+DEFAULT_CONVERSATIONS = Path(__file__).with_name("conversations.jsonl")
+KINDS = ("code", "document", "agent")
+N_MAX = 8  # as tandem bench's auto mode
+HISTORY_READY_TIMEOUT = 600.0  # seconds to wait for a loaded history (it loads in the background)
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    mode: str
+    history: bool = False  # records under the conversation's id (the history drafter's document)
+
+
+MODES = {
+    "plain": Mode("plain", "plain"),
+    "auto": Mode("auto", "auto"),
+    "auto-history": Mode("auto-history", "auto", history=True),
+}
+DEFAULT_MODES = "plain,auto,auto-history"
+
+
+def history_supported() -> bool:
+    """Whether the engine takes a history folder at load and a document per request."""
+    from app.engine.settings import GenerationSettings, LoadSettings
+
+    load = {f.name for f in dataclasses.fields(LoadSettings)}
+    gen = {f.name for f in dataclasses.fields(GenerationSettings)}
+    return "history_dir" in load and "history_doc" in gen
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", required=True, help="target GGUF")
+    p.add_argument("--draft", help="draft GGUF (used by auto mode)")
+    p.add_argument("--conversations", type=Path, default=DEFAULT_CONVERSATIONS, help="JSONL: id, kind, turns")
+    p.add_argument("--modes", default=DEFAULT_MODES, help=f"comma-separated, from: {', '.join(MODES)}")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--ctx", type=int, default=8192)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--gpu-layers", default="auto", metavar="auto|all|cpu|N", help="as tandem generate's")
+    p.add_argument("--repeats", type=int, default=1, help="run the whole workload this many times")
+    p.add_argument("--limit", type=int, default=0, help="only the first N conversations")
+    p.add_argument("--kinds", default="", help=f"only these kinds (comma-separated, from {', '.join(KINDS)})")
+    p.add_argument("--shift", type=int, default=0, help="start this many rows further into the orders")
+    p.add_argument(
+        "--history-dir",
+        type=Path,
+        default=None,
+        help="where auto-history keeps its history: a new sub-folder repeat-<r> per repeat (default: a "
+        "temporary folder, removed at the end)",
+    )
+    p.add_argument(
+        "--no-second-pass", action="store_true", help="with auto-history, skip the pass on a reloaded history"
+    )
+    p.add_argument(
+        "--out", type=Path, default=None, help="results JSON (default bench/results/multiturn-<time>.json)"
+    )
+
+
+def load_conversations(path: Path, limit: int = 0, kinds: str = "") -> list[dict[str, Any]]:
+    """The conversations (checked: an id, a known kind, non-empty user turns), in file order."""
+    if not path.exists():
+        raise SystemExit(f"conversation file not found: {path}")
+    rows = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            raise SystemExit(f"{path}:{n}: not JSON: {e}") from None
+        turns = row.get("turns") if isinstance(row, dict) else None
+        if (
+            not isinstance(row.get("id"), str)
+            or row.get("kind") not in KINDS
+            or not isinstance(turns, list)
+            or not turns
+            or not all(isinstance(t, str) and t.strip() for t in turns)
+        ):
+            raise SystemExit(f"{path}:{n}: need an id, a kind ({', '.join(KINDS)}) and a list of turns")
+        rows.append(row)
+    if len({r["id"] for r in rows}) != len(rows):
+        raise SystemExit(f"{path}: conversation ids repeat")
+    wanted = {k for k in kinds.split(",") if k}
+    if wanted - set(KINDS):
+        raise SystemExit(f"unknown kinds: {', '.join(sorted(wanted - set(KINDS)))}")
+    rows = [r for r in rows if not wanted or r["kind"] in wanted]
+    return rows[:limit] if limit else rows
+
+
+def generation_settings(m: Mode, conversation: str, max_tokens: int) -> Any:
+    from app.engine.settings import GenerationSettings
+
+    extra = {"history_doc": conversation} if m.history else {}
+    return GenerationSettings(mode=m.mode, max_tokens=max_tokens, n_max=N_MAX, **extra)
+
+
+def open_engine(args: argparse.Namespace, history_dir: Path | None = None, costs: Any = None) -> Any:
+    """Load the pair (on ``history_dir`` if given; with ``costs``, auto mode's cost model of another
+    engine instead of its own) and wait until its history, if any, is loaded."""
+    from app.engine.engine import Engine, LoadSettings
+    from app.engine.settings import parse_gpu_layers
+
+    extra = {"history_dir": str(history_dir)} if history_dir is not None else {}
+    load = LoadSettings(
+        target=args.target,
+        draft=args.draft,
+        n_ctx=args.ctx,
+        n_threads=args.threads,
+        n_gpu_layers=parse_gpu_layers(args.gpu_layers),
+        **extra,
+    )
+    engine = Engine(load, costs=costs)
+    if history_dir is not None:
+        deadline = time.monotonic() + HISTORY_READY_TIMEOUT
+        while (info := history_info(engine)) is not None and not info.get("ready", True):
+            if time.monotonic() > deadline:
+                engine.close()
+                raise SystemExit(f"the history in {history_dir} did not load in {HISTORY_READY_TIMEOUT:g} s")
+            time.sleep(0.2)
+    return engine
+
+
+def open_engines(args: argparse.Namespace, modes: list[Mode], history_dir: Path | None) -> dict[str, Any]:
+    """The engine each mode runs on. Plain and auto run on a pair loaded without a history (auto mode
+    as it is without one), auto-history on a second load of the pair on ``history_dir`` (auto mode
+    drafts from the history whenever the pair keeps one). The second shares the first one's cost
+    model, so both auto modes plan with the same measured costs."""
+    first = open_engine(args)
+    engines = {m.name: first for m in modes if not m.history}
+    try:
+        if any(m.history for m in modes):
+            second = open_engine(args, history_dir, costs=first.costs)
+            engines.update({m.name: second for m in modes if m.history})
+    except BaseException:
+        first.close()
+        raise
+    return engines
+
+
+def close_engines(engines: dict[str, Any]) -> None:
+    """Close each engine once (closing saves a history)."""
+    for e in {id(e): e for e in engines.values()}.values():
+        e.close()
+
+
+def history_info(engine: Any) -> dict[str, Any] | None:
+    """The engine's ``history_info()`` as a dict (None where the engine has none)."""
+    get = getattr(engine, "history_info", None)
+    if get is None:
+        return None
+    info = get()
+    return dataclasses.asdict(info) if dataclasses.is_dataclass(info) else dict(vars(info))
+
+
+def warm_up(engine: Any, conversations: list[dict[str, Any]]) -> None:
+    """One short untimed reply with the target and one with the draft model (if loaded): the first
+    replies after a load run slowly and would penalize whichever mode the order puts first."""
+    from app.engine.settings import GenerationSettings
+
+    ids = engine.chat_prompt([{"role": "user", "content": conversations[0]["turns"][0]}])
+    for mode in ("plain", "speculative") if engine.draft is not None else ("plain",):
+        engine.reset()
+        engine.run(ids, GenerationSettings(mode=mode, max_tokens=16, n_max=3, adaptive=False))
+    engine.reset()
+
+
+def generate(engine: Any, ids: list[int], gs: Any) -> dict[str, Any]:
+    steps = []
+    fin = None
+    for ev in engine.generate(ids, gs):
+        kind = type(ev).__name__
+        if kind == "Step":
+            steps.append(ev)
+        elif kind == "Finished":
+            fin = ev
+    assert fin is not None
+    drafters: dict[str, int] = defaultdict(int)
+    for s in steps:
+        drafters[s.drafter.value] += 1
+    return {
+        "stats": fin.stats.to_dict(),
+        "tokens": list(fin.tokens),
+        "text": fin.text,
+        "finish": fin.reason,
+        "mean_k": sum(s.k for s in steps) / max(1, len(steps)),
+        "drafters": dict(drafters),
+    }
+
+
+def run_pass(
+    engines: dict[str, Any],
+    conversations: list[dict[str, Any]],
+    modes: list[Mode],
+    args: argparse.Namespace,
+    *,
+    repeat: int,
+    pass_no: int,
+    label: str,
+) -> list[dict[str, Any]]:
+    """Every conversation's turns in order, every mode on each turn (on its engine: ``engines[name]``;
+    plain decoding's engine renders the chat and checks differences); one record per turn and mode."""
+    engine = engines["plain"]
+    records: list[dict[str, Any]] = []
+    n_turns = sum(len(c["turns"]) for c in conversations)
+    row = args.shift + repeat  # each repeat starts one row further, so a turn changes its order
+    done = 0
+    for conv in conversations:
+        for e in {id(e): e for e in engines.values()}.values():
+            e.reset()  # a new chat: nothing cached
+        messages: list[dict[str, str]] = []
+        for t, user in enumerate(conv["turns"]):
+            messages.append({"role": "user", "content": user})
+            ids = engine.chat_prompt(messages)
+            if len(ids) + args.max_tokens > engine.n_ctx:
+                raise SystemExit(
+                    f"{conv['id']} turn {t + 1}: {len(ids)} prompt tokens and {args.max_tokens} new ones do "
+                    f"not fit a context of {engine.n_ctx}: give a larger --ctx"
+                )
+            order = balanced_order(modes, row)
+            row += 1
+            runs: dict[str, dict[str, Any]] = {}
+            for m in order:
+                gs = generation_settings(m, conv["id"], args.max_tokens)
+                runs[m.name] = generate(engines[m.name], ids, gs)
+            plain = runs["plain"]
+            plain["messages"] = [dict(x) for x in messages]  # the chat it answered (for bench.replay)
+            plain["lookup_bound"] = lookup_bound(ids, plain["tokens"], engine.costs.ratio)
+            for name, r in runs.items():
+                compare(engine, ids, plain["tokens"], r, name == "plain")
+                records.append(
+                    {
+                        "id": f"{conv['id']}/{t + 1}",
+                        "conversation": conv["id"],
+                        "kind": conv["kind"],
+                        "turn": t + 1,
+                        "category": "first" if t == 0 else "revision",
+                        "mode": name,
+                        "repeat": repeat,
+                        "pass": pass_no,
+                        "position": next(j for j, m in enumerate(order) if m.name == name),
+                        **r,
+                    }
+                )
+            done += 1
+            speeds = "  ".join(f"{n}={r['stats']['decode_tokens_per_second']:.1f}" for n, r in runs.items())
+            differs = [n for n, r in runs.items() if r["same_as_plain"] is False]
+            print(
+                f"[{label} {done}/{n_turns}] {conv['id']} turn {t + 1} ({len(ids)} prompt tokens, "
+                f"{len(plain['tokens'])} new): {speeds} tok/s"
+                + (f"  DIFFERS: {', '.join(differs)}" if differs else ""),
+                file=sys.stderr,
+                flush=True,
+            )
+            messages.append({"role": "assistant", "content": plain["text"]})
+    return records
+
+
+def compare(engine: Any, ids: list[int], plain: list[int], r: dict[str, Any], is_plain: bool) -> None:
+    """Mark a reply as plain decoding's text or not; where not, where it left it and the target's
+    top-two logit gap there (a numerical tie below ``bench.run.TIE_GAP``)."""
+    if is_plain:
+        r["same_as_plain"] = None
+        return
+    r["same_as_plain"] = r["tokens"] == plain
+    if not r["same_as_plain"]:
+        j = next(
+            (j for j, (a, b) in enumerate(zip(plain, r["tokens"], strict=False)) if a != b),
+            min(len(plain), len(r["tokens"])),
+        )
+        r["first_difference"] = j
+        r["top2_gap_at_difference"] = engine.top2_gap(ids + plain[:j])
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    names = [m for m in args.modes.split(",") if m]
+    unknown = [m for m in names if m not in MODES]
+    if unknown:
+        raise SystemExit(f"unknown modes: {', '.join(unknown)} (choose from {', '.join(MODES)})")
+    if "plain" not in names:
+        raise SystemExit("--modes must include plain: its replies are the history every mode answers")
+    if args.repeats < 1:
+        raise SystemExit("--repeats must be at least 1")
+    notes: list[str] = []
+    if "auto-history" in names and not history_supported():
+        names.remove("auto-history")
+        notes.append(
+            "auto-history skipped: this engine has no history drafter yet (LoadSettings.history_dir and "
+            "GenerationSettings.history_doc do not exist)"
+        )
+        print(notes[-1], file=sys.stderr)
+    modes = [MODES[m] for m in names]
+    with_history = any(m.history for m in modes)
+    second = with_history and not args.no_second_pass
+    conversations = load_conversations(args.conversations, args.limit, args.kinds)
+    if not conversations:
+        raise SystemExit("no conversations to run")
+
+    history_root = args.history_dir
+    temporary = with_history and history_root is None
+    if temporary:
+        history_root = Path(tempfile.mkdtemp(prefix="tandem-multiturn-history-"))
+    records: list[dict[str, Any]] = []
+    loads: list[dict[str, Any]] = []
+    t_start = time.perf_counter()
+    engines: dict[str, Any] = {}
+    try:
+        for r in range(args.repeats):
+            folder = None
+            if with_history:
+                folder = history_root / f"repeat-{r}"
+                if folder.exists() and any(folder.iterdir()):
+                    raise SystemExit(f"{folder} is not empty: each repeat's first pass starts a new history")
+                folder.mkdir(parents=True, exist_ok=True)
+            for pass_no in (1, 2) if second else (1,):
+                if not engines:
+                    t0 = time.perf_counter()
+                    engines = open_engines(args, modes, folder)
+                    for e in {id(e): e for e in engines.values()}.values():
+                        warm_up(e, conversations)
+                    load = {"repeat": r, "pass": pass_no, "load_seconds": round(time.perf_counter() - t0, 2)}
+                    if folder is not None:
+                        load["history_before"] = history_info(engines["auto-history"])
+                label = f"r{r + 1} p{pass_no}" if second else f"r{r + 1}"
+                records += run_pass(
+                    engines, conversations, modes, args, repeat=r, pass_no=pass_no, label=label
+                )
+                if with_history or r == args.repeats - 1:  # without a history the pair is loaded once
+                    load["verify_ratios"] = [round(engines["plain"].costs.ratio(b), 3) for b in range(1, 17)]
+                    if folder is not None:
+                        load["history_after"] = history_info(engines["auto-history"])
+                    loads.append(load)
+                    close_engines(engines)
+                    engines = {}
+    finally:
+        close_engines(engines)
+        if temporary:
+            shutil.rmtree(history_root, ignore_errors=True)
+    return {
+        "machine": machine(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "settings": {
+            "target": args.target,
+            "draft": args.draft,
+            "max_tokens": args.max_tokens,
+            "ctx": args.ctx,
+            "threads": args.threads or os.cpu_count(),
+            "modes": [m.name for m in modes],
+            "temperature": 0.0,
+            "prompts": str(args.conversations),  # bench.replay's name for the input file
+            "conversations": [c["id"] for c in conversations],
+            "repeats": args.repeats,
+            "passes": 2 if second else 1,
+            "history_dir": None if history_root is None or temporary else str(history_root),
+            "shift": args.shift,
+            "verify_ratios": loads[0]["verify_ratios"],  # the first load's, for bench.replay
+            "wall_seconds": round(time.perf_counter() - t_start, 1),
+        },
+        "notes": notes,
+        "loads": loads,
+        "runs": records,
+    }
+
+
+# -- figures ------------------------------------------------------------------------------------------
+
+
+def mode_label(mode: str, pass_no: int) -> str:
+    return mode if pass_no == 1 else f"{mode} (pass 2)"
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+    """Median, quartiles and range of ``values``."""
+    xs = sorted(values)
+    if not xs:
+        return {}
+    q1, q3 = (statistics.quantiles(xs, n=4, method="inclusive")[i] for i in (0, 2)) if len(xs) > 1 else xs * 2
+    return {"median": statistics.median(xs), "q1": q1, "q3": q3, "min": xs[0], "max": xs[-1], "n": len(xs)}
+
+
+def summarize(data: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per group (``first``, ``revision``, ``all``, and ``<kind>/first``, ``<kind>/revision``) and mode
+    (``auto``; ``auto (pass 2)`` for the second pass): decode tok/s over the pooled tokens and time,
+    its speedup over plain in the same pass, and the spread of the speedup over turns (each turn's
+    speedup against plain decoding of the same turn in the same repeat, its median over repeats)."""
+    runs = data["runs"]
+    plain_speed = {
+        (r["id"], r["repeat"], r["pass"]): r["stats"]["decode_tokens_per_second"]
+        for r in runs
+        if r["mode"] == "plain"
+    }
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in runs:
+        label = mode_label(r["mode"], r["pass"])
+        for g in (r["category"], "all", f"{r['kind']}/{r['category']}"):
+            groups[(g, label)].append(r)
+    out: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for (group, label), rs in groups.items():
+        tokens = sum(r["stats"]["n_generated"] for r in rs)
+        t = sum(r["stats"]["t_decode_s"] for r in rs)
+        drafted = sum(r["stats"]["n_drafted"] for r in rs)
+        accepted = sum(r["stats"]["n_accepted"] for r in rs)
+        rounds = sum(r["stats"]["rounds"] for r in rs)
+        llama = sum(r["stats"]["t_llama_s"] for r in rs)
+        per_turn: dict[str, list[float]] = defaultdict(list)
+        for r in rs:
+            base = plain_speed.get((r["id"], r["repeat"], r["pass"]))
+            if base:
+                per_turn[r["id"]].append(r["stats"]["decode_tokens_per_second"] / base)
+        drafters: dict[str, int] = defaultdict(int)
+        for r in rs:
+            for k, v in r["drafters"].items():
+                drafters[k] += v
+        compared = [r for r in rs if r["same_as_plain"] is not None]
+        v: dict[str, Any] = {
+            "tok_s": tokens / t if t else 0.0,
+            "tokens": tokens,
+            "acceptance": accepted / drafted if drafted else 0.0,
+            "tokens_per_round": tokens / rounds if rounds else 0.0,
+            "mean_k": sum(r["mean_k"] for r in rs) / len(rs),
+            "python_share": 1 - llama / t if t else 0.0,
+            "drafters": dict(drafters),
+            "lossless": sum(bool(r["same_as_plain"]) for r in compared),
+            "ties": sum(r.get("top2_gap_at_difference", 99.0) < TIE_GAP for r in compared),
+            "compared": len(compared),
+            "n": len(rs),
+            "turns": len(per_turn),
+            "speedup_over_turns": spread([statistics.median(x) for x in per_turn.values()]),
+        }
+        bounds = [r["lookup_bound"] for r in rs if r.get("lookup_bound")]
+        if bounds:
+            v["lookup_bound"] = sum(n for n, _ in bounds) / sum(c for _, c in bounds)
+        out[group][label] = v
+    for modes in out.values():
+        for label, v in modes.items():
+            base = modes.get(mode_label("plain", 2 if label.endswith("(pass 2)") else 1), {}).get("tok_s")
+            v["speedup"] = v["tok_s"] / base if base else float("nan")
+    return dict(out)
+
+
+def _spread_cell(s: dict[str, float]) -> str:
+    if not s:
+        return "-"
+    return f"{s['median']:.2f}x [{s['q1']:.2f}-{s['q3']:.2f}] ({s['min']:.2f}-{s['max']:.2f})"
+
+
+def markdown_table(summary: dict[str, dict[str, dict[str, Any]]], groups: Sequence[str]) -> str:
+    """Markdown: per mode and group, tok/s, pooled speedup, the speedup over turns (median
+    [quartiles] (range)), acceptance, tokens per round, and replies equal to plain's (+ ties)."""
+    labels = sorted(
+        {label for g in groups for label in summary.get(g, {})},
+        key=lambda x: (x.endswith("(pass 2)"), list(MODES).index(x.split(" ")[0])),
+    )
+    lines = [
+        "| mode | turns | tok/s | speedup | speedup over turns: median [quartiles] (range) | acceptance "
+        "| tokens/round | same as plain + ties |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for label in labels:
+        for g in groups:
+            v = summary.get(g, {}).get(label)
+            if not v:
+                continue
+            plain = label.startswith("plain")
+            same = f"{v['lossless']} + {v['ties']} / {v['compared']}" if v["compared"] else "-"
+            over_turns = "-" if plain else _spread_cell(v["speedup_over_turns"])
+            acceptance = "-" if plain else f"{v['acceptance']:.0%}"
+            lines.append(
+                f"| {label} | {g} ({v['turns']}) | {v['tok_s']:.2f} | {v['speedup']:.2f}x | {over_turns} "
+                f"| {acceptance} | {v['tokens_per_round']:.2f} | {same} |"
+            )
+    return "\n".join(lines)
+
+
+def second_pass_check(summary: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    """Whether auto-history was faster in the second pass than in the first, per group."""
+    out = []
+    for g in ("first", "revision", "all"):
+        a = summary.get(g, {}).get("auto-history")
+        b = summary.get(g, {}).get("auto-history (pass 2)")
+        if a and b:
+            verdict = "faster" if b["speedup"] > a["speedup"] else "NOT faster"
+            out.append(
+                f"auto-history, {g} turns: {b['speedup']:.2f}x in the second pass against "
+                f"{a['speedup']:.2f}x in the first ({verdict})"
+            )
+    return out
+
+
+def main(args: argparse.Namespace) -> int:
+    data = run(args)
+    data["summary"] = summarize(data)
+    m = data["machine"]
+    s = data["settings"]
+    print(
+        f"\nMulti-turn run, {data['date']}: {len(s['conversations'])} conversations, "
+        f"{sum(1 for r in data['runs'] if r['mode'] == 'plain') // (s['repeats'] * s['passes'])} turns, "
+        f"{s['repeats']} repeat(s), {s['passes']} pass(es), max {s['max_tokens']} new tokens, "
+        f"{s['wall_seconds'] / 60:.1f} min"
+    )
+    print(f"machine: {m['cpu']}, {m['cores_logical']} threads, {m['ram_gib']} GiB, backend {m['backend']}")
+    for note in data["notes"]:
+        print(note)
+    print()
+    print(markdown_table(data["summary"], ["first", "revision", "all"]))
+    kinds = sorted({r["kind"] for r in data["runs"]})
+    print("\nBy kind:\n")
+    print(markdown_table(data["summary"], [f"{k}/{c}" for k in kinds for c in ("first", "revision")]))
+    for line in second_pass_check(data["summary"]):
+        print(line)
+    out = args.out or REPO / "bench" / "results" / time.strftime("multiturn-%Y%m%d-%H%M%S.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=1))
+    print(f"results: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="python -m bench.multiturn", description=__doc__)
+    add_arguments(parser)
+    sys.exit(main(parser.parse_args()))
