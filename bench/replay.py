@@ -297,15 +297,26 @@ def load_replies(
     from app.engine.llama import Context, Model
     from bench.run import load_prompts
 
-    text = {row["id"]: row["prompt"] for row in load_prompts(prompts)}
+    # A reply recorded with the chat it answered (``bench.multiturn``: a turn of a conversation) is
+    # replayed on that chat; otherwise on its prompt from the prompt file. A reply recorded more than
+    # once (the repeats of a multi-turn run) is replayed once.
+    plain: list[dict[str, Any]] = []
+    for r in data["runs"]:
+        if r["mode"] == "plain" and all(r["id"] != x["id"] for x in plain):
+            plain.append(r)
+    need = any("messages" not in r for r in plain)
+    text = {row["id"]: row["prompt"] for row in load_prompts(prompts)} if need else {}
     replies = []
     with Engine(LoadSettings(target, draft, n_ctx=512)) as engine:
         ratios = [round(engine.costs.ratio(b), 3) for b in range(1, 17)]
         draft_ratios = measure_draft(engine.target, engine.draft) if engine.draft is not None else None
-        for run in data["runs"]:
-            if run["mode"] != "plain" or run["id"] not in text:
+        for run in plain:
+            messages = run.get("messages")
+            if messages is None and run["id"] in text:
+                messages = [{"role": "user", "content": text[run["id"]]}]
+            if messages is None:
                 continue
-            ids = engine.chat_prompt([{"role": "user", "content": text[run["id"]]}])
+            ids = engine.chat_prompt(messages)
             tokens = list(run["tokens"])
             n = len(ids) + len(tokens)
             found: list[tuple[list[int], list[float]]] = []
@@ -451,7 +462,11 @@ def _costs(flag: str, text: str | None) -> list[float] | None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.replay", description=__doc__)
-    p.add_argument("results", type=Path, help="a JSON file written by tandem bench (with a plain mode)")
+    p.add_argument(
+        "results",
+        type=Path,
+        help="a JSON file written by tandem bench or bench.multiturn (with a plain mode)",
+    )
     p.add_argument("--target", help="the target GGUF (default: the run's)")
     p.add_argument("--draft", help="the draft GGUF (default: the run's, if it had one)")
     p.add_argument("--no-draft", action="store_true", help="replay prompt lookup only")
