@@ -269,6 +269,7 @@ def run_pass(
                 )
             order = balanced_order(modes, row)
             row += 1
+            load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None  # others' work on the machine
             runs: dict[str, dict[str, Any]] = {}
             for m in order:
                 gs = generation_settings(m, conv["id"], args.max_tokens)
@@ -289,6 +290,7 @@ def run_pass(
                         "repeat": repeat,
                         "pass": pass_no,
                         "position": next(j for j, m in enumerate(order) if m.name == name),
+                        "loadavg": load,
                         **r,
                     }
                 )
@@ -297,7 +299,7 @@ def run_pass(
             differs = [n for n, r in runs.items() if r["same_as_plain"] is False]
             print(
                 f"[{label} {done}/{n_turns}] {conv['id']} turn {t + 1} ({len(ids)} prompt tokens, "
-                f"{len(plain['tokens'])} new): {speeds} tok/s"
+                f"{len(plain['tokens'])} new, load {load or 0:.1f}): {speeds} tok/s"
                 + (f"  DIFFERS: {', '.join(differs)}" if differs else ""),
                 file=sys.stderr,
                 flush=True,
@@ -549,6 +551,12 @@ def main(args: argparse.Namespace) -> int:
         f"{s['wall_seconds'] / 60:.1f} min"
     )
     print(f"machine: {m['cpu']}, {m['cores_logical']} threads, {m['ram_gib']} GiB, backend {m['backend']}")
+    loads = [r["loadavg"] for r in data["runs"] if r["mode"] == "plain" and r.get("loadavg") is not None]
+    if loads:
+        print(
+            f"load average at each turn's start (1 min): median {statistics.median(loads):.2f}, "
+            f"max {max(loads):.2f} (the run's own threads count in it)"
+        )
     for note in data["notes"]:
         print(note)
     print()
