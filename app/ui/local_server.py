@@ -18,6 +18,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -84,8 +85,7 @@ class LocalServer(QObject):
         self.state = "off"
         self.error = ""
         self.port = window.settings.server_port  # the running server's (the setting may change meanwhile)
-        self.served: Any = None  # app.server.served.Served while it runs
-        self._server: Any = None  # uvicorn.Server
+        self._run: _Run | None = None
         self._thread: threading.Thread | None = None
         self.dialog: ServerDialog | None = None
         self._poll = QTimer(self)
@@ -94,8 +94,10 @@ class LocalServer(QObject):
 
         self.menu = QMenu("Se&rver", window)
         bar = window.menuBar()
-        help_menu = bar.actions()[-1] if bar.actions() else None
-        bar.insertMenu(help_menu, self.menu) if help_menu is not None else bar.addMenu(self.menu)
+        if bar.actions():
+            bar.insertMenu(bar.actions()[-1], self.menu)  # before Help
+        else:
+            bar.addMenu(self.menu)
         self.action = QAction("&Serve the loaded pair (local API)", self)
         self.action.setCheckable(True)
         self.action.setToolTip(f"The OpenAI-compatible API on {HOST}, over the pair this window has loaded")
@@ -110,10 +112,18 @@ class LocalServer(QObject):
         self.indicator.setAutoRaise(True)
         self.indicator.clicked.connect(lambda _=False: self.show_dialog())
         window.status.addPermanentWidget(self.indicator)
-        window.modelLoaded.connect(lambda _info: self.sync())
+        window.modelLoaded.connect(self._on_model_loaded)
         self._show_state()
 
     # -- what it serves (also read from the server's threads) ---------------------------------------
+    @property
+    def served(self) -> Any:
+        """The ``app.server.served.Served`` of the running server (None before it is built)."""
+        return self._run.served if self._run is not None else None
+
+    def _on_model_loaded(self, _info: object) -> None:
+        self.sync()
+
     def ready(self) -> bool:
         """A pair is loaded and none is loading (else requests get 503); the served names follow it."""
         w = self.window
@@ -152,11 +162,7 @@ class LocalServer(QObject):
             self.stop()
 
     def start(self) -> None:
-        import uvicorn
-
-        from app.server.api import allowed_hosts, create_app
-        from app.server.served import Served
-
+        """Claim the port (a taken one fails at once) and start the server's thread."""
         port = self.port = self.window.settings.server_port
         try:
             sock = bind_socket(HOST, port)
@@ -164,16 +170,8 @@ class LocalServer(QObject):
             self._fail(port_problem(port, e))
             return
         w = self.window
-        self.served = Served(w.client, turns=w.worker.turns, ready=self.ready, created=int(time.time()))
-        self.sync()
-        app = create_app(self.served, allowed_hosts=allowed_hosts(HOST, port))
-        config = uvicorn.Config(
-            app, host=HOST, port=port, log_config=None, log_level="warning", timeout_graceful_shutdown=2
-        )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=_serve, args=(self._server, sock), name="tandem-ui-api", daemon=True
-        )
+        self._run = _Run(sock, port, w.client, w.worker.turns, self.ready, self.sync)
+        self._thread = threading.Thread(target=self._run.serve, name="tandem-ui-api", daemon=True)
         self.error = ""
         self._set_state("starting")
         self._thread.start()
@@ -181,37 +179,38 @@ class LocalServer(QObject):
 
     def stop(self) -> None:
         """Ask the server to stop (requests in flight get two seconds); ``stateChanged("off")`` follows."""
-        if self._server is None:
+        if self._run is None:
             return
-        self._server.should_exit = True
+        self._run.stop()
         self._set_state("stopping")
         self._poll.start()
 
     def shutdown(self, timeout: float = STOP_WAIT) -> None:
         """Stop the server and wait for it (the window is closing)."""
         self._poll.stop()
-        if self._server is not None:
-            self._server.should_exit = True
+        if self._run is not None:
+            self._run.stop()
         if self._thread is not None:
             self._thread.join(timeout)
             if self._thread.is_alive():
                 log.error("the local API server did not stop within %.0f s", timeout)
-        self._server = self._thread = self.served = None
+        self._run = self._thread = None
         self.state = "off"
 
     def _follow(self) -> None:
         """The timer: has the server started, stopped, or died?"""
-        thread, server = self._thread, self._server
+        run, thread = self._run, self._thread
         alive = thread is not None and thread.is_alive()
-        if self.state == "starting" and server is not None and server.started and alive:
+        if self.state == "starting" and run is not None and run.started and alive:
             self._set_state("on")
             what = self.model_id or "the loaded pair"
             self.window.statusBar().showMessage(f"Serving {what} at {self.base_url}", 8000)
         elif self.state in ("starting", "on") and not alive:
-            self._server = self._thread = self.served = None
-            self._fail("The local API server stopped unexpectedly (see the log).")
+            error = run.error if run is not None else ""
+            self._run = self._thread = None
+            self._fail(f"The local API server stopped: {error or 'see the log'}.")
         elif self.state == "stopping" and not alive:
-            self._server = self._thread = self.served = None
+            self._run = self._thread = None
             self._set_state("off")
         if self.state not in ("starting", "stopping"):
             self._poll.stop()
@@ -262,12 +261,63 @@ class LocalServer(QObject):
         return self.dialog
 
 
-def _serve(server: Any, sock: socket.socket) -> None:
-    """The server's thread: uvicorn on the socket already claimed (no signal handlers off the main
-    thread)."""
-    try:
-        server.run(sockets=[sock])
-    except BaseException:  # uvicorn exits (SystemExit) when it cannot start
-        log.exception("the local API server stopped")
-    finally:
-        sock.close()
+class _Run:
+    """One run of the server, on its own thread: builds the API there (importing FastAPI and uvicorn
+    takes a second or two the GUI thread must not wait) and serves on the socket already claimed
+    (uvicorn installs no signal handlers off the main thread)."""
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        port: int,
+        client: Any,
+        turns: Any,
+        ready: Callable[[], bool],
+        sync: Callable[[], None],
+    ) -> None:
+        self.sock, self.port, self.client, self.turns = sock, port, client, turns
+        self.ready, self.sync = ready, sync
+        self.served: Any = None  # app.server.served.Served
+        self.server: Any = None  # uvicorn.Server
+        self.error = ""
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+
+    @property
+    def started(self) -> bool:
+        return self.server is not None and bool(self.server.started)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping.set()
+            if self.server is not None:
+                self.server.should_exit = True
+
+    def serve(self) -> None:
+        try:
+            import uvicorn
+
+            from app.server.api import allowed_hosts, create_app
+            from app.server.served import Served
+
+            self.served = Served(self.client, turns=self.turns, ready=self.ready, created=int(time.time()))
+            self.sync()
+            app = create_app(self.served, allowed_hosts=allowed_hosts(HOST, self.port))
+            config = uvicorn.Config(
+                app,
+                host=HOST,
+                port=self.port,
+                log_config=None,
+                log_level="warning",
+                timeout_graceful_shutdown=2,
+            )
+            with self._lock:
+                if self._stopping.is_set():
+                    return
+                self.server = uvicorn.Server(config)
+            self.server.run(sockets=[self.sock])
+        except BaseException as e:  # uvicorn exits (SystemExit) when it cannot start
+            self.error = f"{type(e).__name__}: {e}"
+            log.exception("the local API server stopped")
+        finally:
+            self.sock.close()

@@ -140,7 +140,7 @@ class ServerDialog(QDialog):
         lay.addWidget(buttons)
 
         server.stateChanged.connect(self.refresh)
-        server.window.modelLoaded.connect(lambda _info: self.refresh())
+        server.window.modelLoaded.connect(self.refresh)  # (a bound slot: disconnected when the dialog goes)
         self.refresh()
 
     def _port_changed(self, port: int) -> None:
@@ -148,7 +148,7 @@ class ServerDialog(QDialog):
         if port != w.settings.server_port:
             w.apply_settings(replace(w.settings, server_port=port))
 
-    def refresh(self, _state: str = "") -> None:
+    def refresh(self, _why: object = None) -> None:
         """Show the server's state, and the URL, model and examples while it serves."""
         s = self.server
         on = s.state in ("starting", "on")
