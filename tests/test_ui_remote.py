@@ -165,6 +165,10 @@ def test_stop_a_remote_reply(qtbot, window, remote) -> None:
 
 def test_a_wrong_key_on_use_and_a_dead_server_are_readable(qtbot, window, remote) -> None:
     w, view = window
+    w.side_tabs.setCurrentWidget(w.gauges)
+    menu = next(a.menu() for a in w.menuBar().actions() if a.text() == "Se&rver")
+    next(a for a in menu.actions() if a.text() == "Chat with a &remote server…").trigger()
+    assert w.side_tabs.currentWidget() is view
     fill(view, remote.url, "wrong")
     with qtbot.waitSignal(w.worker.connectFailed, timeout=WAIT) as sig:
         view.use()
