@@ -22,6 +22,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from app.gguf.memory import COMPUTE_BUFFER, RUNTIME_OVERHEAD, kv_cache_bytes
+
 from .catalog import Catalog, CatalogModel, Pair, QuantFile, default_catalog
 from .machine import (
     CPU_FRACTION,
@@ -74,14 +76,6 @@ __all__ = [
     "why",
 ]
 
-MiB = 1024**2
-GiB = 1024**3
-#: KV cache element size (llama.cpp's default f16 cache)
-KV_BYTES_PER_ELEMENT = 2
-#: graph/compute buffers of one model at n_batch 512 (logits for ~150k-262k vocabularies included)
-COMPUTE_BUFFER = 384 * MiB
-#: backend context, scratch buffers and the process itself, once per pair
-RUNTIME_OVERHEAD = 512 * MiB
 #: a fit is "comfortable" when the need is at most this fraction of the budget
 COMFORT = 0.9
 #: tokens/s from which a reply reads as usable (the default of the setting)
@@ -91,20 +85,6 @@ Verdict = Literal["gpu", "partial", "cpu", "none"]
 
 
 # ---------------------------------------------------------------------------------------- estimates
-
-
-def kv_cache_bytes(
-    n_layers: int,
-    n_ctx: int,
-    n_kv_heads: int,
-    head_dim: int,
-    *,
-    value_dim: int | None = None,
-    bytes_per_element: int = KV_BYTES_PER_ELEMENT,
-) -> int:
-    """K and V cache bytes: ``n_layers * n_ctx * n_kv_heads * (head_dim + value_dim) * bytes``."""
-    v = head_dim if value_dim is None else value_dim
-    return n_layers * n_ctx * n_kv_heads * (head_dim + v) * bytes_per_element
 
 
 @dataclass(frozen=True)

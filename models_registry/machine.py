@@ -20,6 +20,8 @@ from typing import Protocol
 
 import psutil
 
+from app.gguf.memory import GPU_RESERVE, GiB
+
 from .bandwidth import DEFAULT_CPU, Bandwidth, cpu_name, gpu_bandwidth
 
 __all__ = [
@@ -34,10 +36,6 @@ __all__ = [
     "metal_working_set",
 ]
 
-MiB = 1024**2
-GiB = 1024**3
-#: VRAM left untouched on discrete GPUs (display, driver)
-GPU_RESERVE = 512 * MiB
 #: CPU budget is at most this fraction of total RAM
 CPU_FRACTION = 0.9
 #: the share of a GPU's peak bandwidth llama.cpp's decoding reaches: about 45-80 % in published runs
