@@ -53,6 +53,8 @@ DEFAULT_CONVERSATIONS = Path(__file__).with_name("conversations.jsonl")
 KINDS = ("code", "document", "agent")
 N_MAX = 8  # as tandem bench's auto mode
 HISTORY_READY_TIMEOUT = 600.0  # seconds to wait for a loaded history (it loads in the background)
+QUIET_CORES = 0.2  # --wait-quiet: other processes under this share of the CPU count as a quiet machine
+BUSY_CORES = 0.5  # a turn during which other processes used more than this is counted as contended
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=0, help="only the first N conversations")
     p.add_argument("--kinds", default="", help=f"only these kinds (comma-separated, from {', '.join(KINDS)})")
     p.add_argument("--shift", type=int, default=0, help="start this many rows further into the orders")
+    p.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="before each turn, wait up to this long until other processes use under "
+        f"{QUIET_CORES} of a core (a shared machine); each turn records what others used during it",
+    )
     p.add_argument(
         "--history-dir",
         type=Path,
@@ -238,6 +248,51 @@ def generate(engine: Any, ids: list[int], gs: Any) -> dict[str, Any]:
     }
 
 
+class OthersCpu:
+    """The CPU other processes use, in cores: the machine's busy time (``/proc/stat``) less this
+    process's own. On a 2-core machine another process's work slows every mode; a turn that saw
+    some is marked (None where ``/proc/stat`` is missing)."""
+
+    def __init__(self) -> None:
+        self._start = self._sample()
+
+    @staticmethod
+    def _sample() -> tuple[float, float, float] | None:
+        try:
+            with open("/proc/stat", encoding="ascii") as f:
+                ticks = [int(x) for x in f.readline().split()[1:9]]
+        except (OSError, ValueError):
+            return None
+        hz = os.sysconf("SC_CLK_TCK")
+        own = os.times()
+        busy = (sum(ticks) - ticks[3] - ticks[4]) / hz  # all but idle and iowait
+        return busy, own.user + own.system, time.monotonic()
+
+    def cores(self) -> float | None:
+        """Cores other processes used since the start (or the last call), and start again."""
+        now = self._sample()
+        then, self._start = self._start, now
+        if now is None or then is None or now[2] <= then[2]:
+            return None
+        return max(0.0, ((now[0] - then[0]) - (now[1] - then[1])) / (now[2] - then[2]))
+
+
+def wait_quiet(limit: float) -> float | None:
+    """Wait (up to ``limit`` seconds) until other processes use under ``QUIET_CORES`` of a core over
+    two seconds; returns what they used last."""
+    deadline = time.monotonic() + limit
+    said = False
+    while True:
+        probe = OthersCpu()
+        time.sleep(2.0)
+        used = probe.cores()
+        if used is None or used < QUIET_CORES or time.monotonic() > deadline:
+            return used
+        if not said:
+            print(f"waiting for a quiet machine (others use {used:.1f} cores)", file=sys.stderr, flush=True)
+            said = True
+
+
 def run_pass(
     engines: dict[str, Any],
     conversations: list[dict[str, Any]],
@@ -269,11 +324,14 @@ def run_pass(
                 )
             order = balanced_order(modes, row)
             row += 1
-            load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None  # others' work on the machine
+            if args.wait_quiet > 0:
+                wait_quiet(args.wait_quiet)
+            others = OthersCpu()
             runs: dict[str, dict[str, Any]] = {}
             for m in order:
                 gs = generation_settings(m, conv["id"], args.max_tokens)
                 runs[m.name] = generate(engines[m.name], ids, gs)
+            busy = others.cores()
             plain = runs["plain"]
             plain["messages"] = [dict(x) for x in messages]  # the chat it answered (for bench.replay)
             plain["lookup_bound"] = lookup_bound(ids, plain["tokens"], engine.costs.ratio)
@@ -290,7 +348,7 @@ def run_pass(
                         "repeat": repeat,
                         "pass": pass_no,
                         "position": next(j for j, m in enumerate(order) if m.name == name),
-                        "loadavg": load,
+                        "others_cpu": busy,  # cores other processes used during the turn's replies
                         **r,
                     }
                 )
@@ -299,7 +357,7 @@ def run_pass(
             differs = [n for n, r in runs.items() if r["same_as_plain"] is False]
             print(
                 f"[{label} {done}/{n_turns}] {conv['id']} turn {t + 1} ({len(ids)} prompt tokens, "
-                f"{len(plain['tokens'])} new, load {load or 0:.1f}): {speeds} tok/s"
+                f"{len(plain['tokens'])} new, others {busy or 0:.2f} cores): {speeds} tok/s"
                 + (f"  DIFFERS: {', '.join(differs)}" if differs else ""),
                 file=sys.stderr,
                 flush=True,
@@ -551,11 +609,11 @@ def main(args: argparse.Namespace) -> int:
         f"{s['wall_seconds'] / 60:.1f} min"
     )
     print(f"machine: {m['cpu']}, {m['cores_logical']} threads, {m['ram_gib']} GiB, backend {m['backend']}")
-    loads = [r["loadavg"] for r in data["runs"] if r["mode"] == "plain" and r.get("loadavg") is not None]
-    if loads:
+    busy = [r["others_cpu"] for r in data["runs"] if r["mode"] == "plain" and r.get("others_cpu") is not None]
+    if busy:
         print(
-            f"load average at each turn's start (1 min): median {statistics.median(loads):.2f}, "
-            f"max {max(loads):.2f} (the run's own threads count in it)"
+            f"other processes during the turns: median {statistics.median(busy):.2f} cores, max "
+            f"{max(busy):.2f}; {sum(b > BUSY_CORES for b in busy)} of {len(busy)} turns over {BUSY_CORES}"
         )
     for note in data["notes"]:
         print(note)
