@@ -46,6 +46,24 @@ def _host_main(*args: Any) -> None:
     main(*args)
 
 
+class CancelFlag:
+    """A flag both processes see, without a lock: a ``multiprocessing.Event`` has one, and a host
+    killed while holding it (SIGKILL between rounds, as it reads the flag) would hang the client's
+    next ``set`` for good."""
+
+    def __init__(self, ctx: Any):
+        self._value = ctx.RawValue("b", 0)
+
+    def set(self) -> None:
+        self._value.value = 1
+
+    def clear(self) -> None:
+        self._value.value = 0
+
+    def is_set(self) -> bool:
+        return bool(self._value.value)
+
+
 class HostHandle:
     """One engine process: its pipes, cancel flag, log files and reply-routing reader thread."""
 
@@ -56,7 +74,7 @@ class HostHandle:
         self.fault_path = os.path.join(self.dir, "python-traceback.txt")
         child_requests, self.requests = ctx.Pipe(duplex=False)
         self.replies, child_replies = ctx.Pipe(duplex=False)
-        self.cancel = ctx.Event()
+        self.cancel = CancelFlag(ctx)
         self.process = ctx.Process(
             target=_host_main,
             args=(child_requests, child_replies, self.cancel, self.log_path, self.fault_path),
