@@ -141,6 +141,7 @@ class LocalServer(QObject):
         served.model_path = info.target.path
         served.n_ctx = info.n_ctx
         served.mode = "auto" if mode == "speculative" and info.draft is None else mode
+        served.history = self.window.settings.keep_history  # requests join the drafting history too
 
     @property
     def model_id(self) -> str:
