@@ -55,6 +55,8 @@ N_MAX = 8  # as tandem bench's auto mode
 HISTORY_READY_TIMEOUT = 600.0  # seconds to wait for a loaded history (it loads in the background)
 QUIET_CORES = 0.2  # --wait-quiet: other processes under this share of the CPU count as a quiet machine
 BUSY_CORES = 0.5  # a turn during which other processes used more than this is counted as contended
+BUSY_WINDOW = 5.0  # seconds: --retry-busy judges other processes' use over windows this long
+RETRY_WAIT = 600.0  # seconds: at most this long waiting for a quiet machine before a turn runs again
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="before each turn, wait up to this long until other processes use under "
         f"{QUIET_CORES} of a core (a shared machine); each turn records what others used during it",
+    )
+    p.add_argument(
+        "--retry-busy",
+        type=int,
+        default=0,
+        metavar="N",
+        help=f"stop a turn as soon as other processes use over {BUSY_CORES} of a core for "
+        f"{BUSY_WINDOW:g} s, and run it again once they are quiet (up to N times; the last try is kept)",
     )
     p.add_argument(
         "--history-dir",
@@ -225,10 +235,10 @@ def warm_up(engine: Any, conversations: list[dict[str, Any]]) -> None:
     engine.reset()
 
 
-def generate(engine: Any, ids: list[int], gs: Any) -> dict[str, Any]:
+def generate(engine: Any, ids: list[int], gs: Any, cancel: Any = None) -> dict[str, Any]:
     steps = []
     fin = None
-    for ev in engine.generate(ids, gs):
+    for ev in engine.generate(ids, gs, cancel=cancel):
         kind = type(ev).__name__
         if kind == "Step":
             steps.append(ev)
@@ -275,6 +285,33 @@ class OthersCpu:
         if now is None or then is None or now[2] <= then[2]:
             return None
         return max(0.0, ((now[0] - then[0]) - (now[1] - then[1])) / (now[2] - then[2]))
+
+
+class BusyWatch:
+    """A generation's cancel check: true once other processes used more than ``BUSY_CORES`` over
+    ``BUSY_WINDOW`` seconds (``busy`` says how many cores)."""
+
+    def __init__(self) -> None:
+        self._probe = OthersCpu()
+        self._since = time.monotonic()
+        self.busy = 0.0
+
+    def __call__(self) -> bool:
+        if not self.busy and time.monotonic() - self._since >= BUSY_WINDOW:
+            used = self._probe.cores()
+            self._since = time.monotonic()
+            if used is not None and used > BUSY_CORES:
+                self.busy = used
+        return bool(self.busy)
+
+
+def forget_turn(engines: dict[str, Any], modes: list[Mode], conversation: str) -> None:
+    """Before a turn runs again: the history must not hold the reply it is about to write. The
+    conversation's earlier turns go too (they are in the prompt, and its next reply adds them back)."""
+    for m in modes:
+        remove = getattr(engines[m.name], "remove_history", None)
+        if m.history and remove is not None:
+            remove([conversation])
 
 
 def wait_quiet(limit: float) -> float | None:
@@ -324,14 +361,27 @@ def run_pass(
                 )
             order = balanced_order(modes, row)
             row += 1
-            if args.wait_quiet > 0:
-                wait_quiet(args.wait_quiet)
-            others = OthersCpu()
-            runs: dict[str, dict[str, Any]] = {}
-            for m in order:
-                gs = generation_settings(m, conv["id"], args.max_tokens)
-                runs[m.name] = generate(engines[m.name], ids, gs)
-            busy = others.cores()
+            for attempt in range(args.retry_busy + 1):
+                if args.wait_quiet > 0 or attempt:
+                    wait_quiet(max(args.wait_quiet, RETRY_WAIT) if attempt else args.wait_quiet)
+                watch = BusyWatch() if attempt < args.retry_busy else None
+                others = OthersCpu()
+                runs: dict[str, dict[str, Any]] = {}
+                for m in order:
+                    gs = generation_settings(m, conv["id"], args.max_tokens)
+                    runs[m.name] = generate(engines[m.name], ids, gs, cancel=watch)
+                    if watch is not None and watch.busy:
+                        break
+                busy = others.cores()
+                if watch is None or not watch.busy:
+                    break
+                print(
+                    f"[{label}] {conv['id']} turn {t + 1}: other processes took the CPU "
+                    f"({watch.busy:.1f} cores); the turn runs again",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                forget_turn(engines, modes, conv["id"])
             plain = runs["plain"]
             plain["messages"] = [dict(x) for x in messages]  # the chat it answered (for bench.replay)
             plain["lookup_bound"] = lookup_bound(ids, plain["tokens"], engine.costs.ratio)
@@ -349,6 +399,7 @@ def run_pass(
                         "pass": pass_no,
                         "position": next(j for j, m in enumerate(order) if m.name == name),
                         "others_cpu": busy,  # cores other processes used during the turn's replies
+                        "tries": attempt + 1,
                         **r,
                     }
                 )

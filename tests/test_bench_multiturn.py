@@ -89,6 +89,37 @@ def test_multiturn_auto_history_runs_when_the_engine_keeps_a_history(tiny_pair, 
     assert len(loads) == 2 and loads[1]["history_before"]["tokens"] > 0  # the first pass's, reloaded
 
 
+def test_a_turn_other_processes_slowed_runs_again(tiny_pair, tmp_path, monkeypatch, capsys) -> None:
+    """--retry-busy: a turn stopped because other processes took the CPU runs again, and only its
+    last try is kept."""
+    calls = {"watch": 0, "quiet": 0}
+
+    class Busy:  # the first turn's first watch sees other processes at once
+        def __init__(self) -> None:
+            calls["watch"] += 1
+            self.busy = 1.5 if calls["watch"] == 1 else 0.0
+
+        def __call__(self) -> bool:
+            return bool(self.busy)
+
+    def quiet(limit: float) -> float:
+        calls["quiet"] += 1
+        return 0.0
+
+    monkeypatch.setattr(multiturn, "BusyWatch", Busy)
+    monkeypatch.setattr(multiturn, "wait_quiet", quiet)
+    args = multiturn_args(tiny_pair, tmp_path, "--modes", "plain,auto", "--repeats", "1", "--retry-busy", "2")
+    assert multiturn.main(args) == 0
+    said = capsys.readouterr().err
+    assert "c1 turn 1: other processes took the CPU (1.5 cores); the turn runs again" in said
+    runs = json.loads((tmp_path / "mt.json").read_text())["runs"]
+    assert len(runs) == 2 * 4  # modes x turns: the stopped try is not kept
+    assert {r["tries"] for r in runs if r["id"] == "c1/1"} == {2}
+    assert {r["tries"] for r in runs if r["id"] != "c1/1"} == {1}
+    assert all(r["finish"] != "cancelled" for r in runs)
+    assert calls["quiet"] == 1  # before the second try only
+
+
 def test_conversations_file_is_checked(tmp_path) -> None:
     bad = tmp_path / "c.jsonl"
     bad.write_text('{"id": "x", "kind": "poem", "turns": ["hi"]}\n', encoding="utf-8")
