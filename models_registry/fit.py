@@ -271,7 +271,8 @@ def pair_speed(
     d_step, _ = step(draft, dq, d_where, d_meas)
     dkey = (dq.file, dq.size)
     tol = _tolerance(dq)
-    acceptance = (t_meas.acceptance_with(dkey, tolerance=tol) if t_meas else None) or ACCEPTANCE
+    seen_acceptance = t_meas.acceptance_with(dkey, tolerance=tol) if t_meas else None
+    acceptance = ACCEPTANCE if seen_acceptance is None else seen_acceptance
     limit = max_draft if max_draft is not None else fit.pair.n_max if fit.pair is not None else MAX_DRAFT
     spec = speculate(
         t_step, d_step, acceptance=acceptance, max_draft=min(limit, MAX_DRAFT),
