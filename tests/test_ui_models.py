@@ -25,7 +25,8 @@ from app.ui import models_panel
 from app.ui.catalog_table import BadgeRole, CatalogTableModel
 from app.ui.downloads import CANCELLED, DONE, FAILED
 from app.ui.downloads_view import DownloadRow, fmt_eta
-from app.ui.models_panel import ModelsPanel, install_models_panel, should_show_first_run
+from app.ui.models_install import install_models_panel
+from app.ui.models_panel import ModelsPanel, should_show_first_run
 from app.ui.pair_chooser import normalize_ref
 from app.ui.settings import AppSettings
 from fakehub import FakeHub

@@ -10,7 +10,7 @@ from pathlib import Path
 from PySide6.QtWidgets import QApplication
 
 from app.ui.main_window import MainWindow
-from app.ui.models_panel import install_models_panel
+from app.ui.models_install import install_models_panel
 from app.ui.servers_view import attach_servers
 from app.ui.theme import apply_theme
 

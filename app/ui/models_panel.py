@@ -1,24 +1,9 @@
-"""The Models panel: curated catalog with fit badges, download queue, installed models, custom pairs.
-
-Tabs:
-
-* **Catalog**: every curated pair with target, draft, size, quantization, licence (gated marked), what it
-  is good for, a coloured fit badge for this machine (`models_registry.fit`), the decode speed to expect
-  here (measured by ``tandem generate`` or estimated from the memory bandwidth) and its download status;
-  the recommended pair (the largest expected to reach the usable speed, else the fastest) comes first
-  (rows: `app.ui.catalog_rows`, table: `app.ui.catalog_table`). The detail pane below
-  (`app.ui.pair_details`) picks other quantizations and offers Download / Load / Delete.
-* **Downloads**: the queue (`app.ui.downloads`, shown by `app.ui.downloads_view`).
-* **Installed**: GGUF files in the Hugging Face cache and in the user's folders, with delete and
-  *Add folder…* (`app.ui.installed_view`; what Delete removes: `app.ui.delete_policy`).
-* **Custom pair**: any two GGUFs, local or on the Hub, vetted before loading (`app.ui.pair_chooser`).
-* **Servers**: chat with a remote OpenAI-compatible server instead (`app.ui.servers_view`).
-
-On a machine without models a banner recommends a pair (`app.ui.recommend_banner`).
-`install_models_panel(window)` adds the panel to the main window and routes Load to ``window.load_pair``;
-the machine's GPUs come from the window's engine (its device list), the memory bandwidth is measured
-once (off the GUI thread) and kept.
-"""
+"""The Models panel, in tabs: **Catalog** (the curated pairs with fit, expected speed and download
+status, the recommended pair first; `app.ui.catalog_rows`, `catalog_table`, `pair_details`),
+**Downloads** (`app.ui.downloads`, `downloads_view`), **Installed** (`app.ui.installed_view`,
+`delete_policy`), **Custom pair** (`app.ui.pair_chooser`) and **Servers** (`app.ui.servers_view`); on
+a machine without models a banner recommends a pair (`app.ui.recommend_banner`). Added to the window
+by `app.ui.models_install`."""
 
 from __future__ import annotations
 
@@ -30,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QCoreApplication, QModelIndex, Qt, Signal
+from PySide6.QtCore import QModelIndex, Qt, Signal
 from PySide6.QtWidgets import (
     QFileDialog,
     QFrame,
@@ -51,6 +36,7 @@ from app.ui.downloads import FAILED, DownloadManager
 from app.ui.downloads_view import DownloadsView
 from app.ui.gc_guard import MainThreadGC
 from app.ui.installed_view import InstalledView
+from app.ui.models_style import STYLE as _STYLE
 from app.ui.pair_chooser import PairChooser
 from app.ui.pair_details import PairDetails
 from app.ui.recommend_banner import RecommendBanner
@@ -64,29 +50,7 @@ from models_registry.measured import SpeedStore
 
 log = logging.getLogger("tandem.ui")
 
-__all__ = ["ModelsPanel", "install_models_panel", "should_show_first_run"]
-
-
-_STYLE = """
-#recommendBanner { background: #eef3fc; border: 1px solid #b6ccf5; border-radius: 10px; }
-#recommendTitle { color: #0b2e6f; font-size: 14px; }
-#recommendText { color: #24292f; }
-#primaryButton { background: #2f6fde; color: white; border: none; border-radius: 6px; padding: 6px 14px;
-                 font-weight: 600; }
-#primaryButton:hover { background: #2a63c7; }
-#primaryButton:disabled { background: #b8c7e6; }
-#pairDetails { background: #fafbfc; border: 1px solid #e1e4e8; border-radius: 8px; }
-#detailTitle { font-size: 14px; font-weight: 600; color: #24292f; }
-#detailKey { color: #57606a; }
-#machineLine, #panelMessage { color: #57606a; }
-#panelMessage[level="error"] { color: #a40e26; }
-#panelMessage[level="ok"] { color: #116329; }
-QTableView { border: 1px solid #e1e4e8; border-radius: 6px; gridline-color: #f0f1f3;
-             selection-background-color: #dfe7f7; selection-color: #0b2e6f; }
-QTableView::item { padding: 2px 6px; }
-QHeaderView::section { background: #f6f8fa; border: none; border-bottom: 1px solid #e1e4e8;
-                       padding: 5px 6px; color: #57606a; font-weight: 600; }
-"""
+__all__ = ["ModelsPanel", "should_show_first_run"]
 
 
 # ------------------------------------------------------------------------------------------- panel
@@ -536,55 +500,3 @@ class ModelsPanel(QWidget):
 
 
 # ------------------------------------------------------------------------------------------ wiring
-
-
-def install_models_panel(window: Any, **kwargs: Any) -> ModelsPanel:
-    """Create the Models panel, add it with ``window.add_panel("Models", panel)`` and route Load to
-    ``window.load_pair(target, draft)``, applying the catalog pair's suggested draft settings (n_max,
-    p_min) through ``window.apply_settings`` when the window has one. Keyword arguments go to
-    `ModelsPanel`; ``n_ctx`` and ``min_speed`` default to ``window.settings``'s, and the panel follows
-    them when ``window.apply_settings`` changes them. Unless a ``machine`` is given, the GPUs come from
-    the window's engine (``window.client.info()``, asked off the GUI thread, and every ``modelLoaded``
-    EngineInfo) and the bandwidth is measured once. The panel's ``shutdown()`` runs when the application
-    quits (call it earlier from the window's own shutdown if you like)."""
-    settings = getattr(window, "settings", None)
-    if "n_ctx" not in kwargs and isinstance(getattr(settings, "n_ctx", None), int):
-        kwargs["n_ctx"] = settings.n_ctx  # type: ignore[union-attr]
-    if "min_speed" not in kwargs and isinstance(getattr(settings, "min_speed", None), float):
-        kwargs["min_speed"] = settings.min_speed  # type: ignore[union-attr]
-    detect = "machine" not in kwargs
-    panel = ModelsPanel(**kwargs)
-    window.add_panel("Models", panel)
-    if detect:
-        client = getattr(window, "client", None)
-        panel.detect_machine_in_background(getattr(client, "info", None))
-        loaded = getattr(window, "modelLoaded", None)
-        if loaded is not None:
-            loaded.connect(lambda info: panel.set_devices(info.devices, info.gpu_offload))
-
-    apply_settings = getattr(window, "apply_settings", None)
-    if callable(apply_settings):
-
-        def apply_and_follow(new: Any) -> None:
-            apply_settings(new)
-            if isinstance(getattr(new, "n_ctx", None), int):
-                panel.set_n_ctx(new.n_ctx)
-            if isinstance(getattr(new, "min_speed", None), float):
-                panel.set_min_speed(new.min_speed)
-
-        window.apply_settings = apply_and_follow  # the window has no settings signal to connect to
-
-    def load(target: str, draft: str, pair: Pair | None) -> None:
-        current = getattr(window, "settings", None)
-        apply = getattr(window, "apply_settings", None)
-        if pair is not None and current is not None and callable(apply) and dataclasses.is_dataclass(current):
-            names = {f.name for f in dataclasses.fields(current)}
-            if {"n_max", "p_min"} <= names and (current.n_max, current.p_min) != (pair.n_max, pair.p_min):
-                apply(dataclasses.replace(current, n_max=pair.n_max, p_min=pair.p_min))
-        window.load_pair(target, draft)
-
-    panel.pairLoadRequested.connect(load)
-    app = QCoreApplication.instance()
-    if app is not None:
-        app.aboutToQuit.connect(panel.shutdown)
-    return panel

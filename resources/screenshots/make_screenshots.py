@@ -35,7 +35,7 @@ def main() -> int:
     from PySide6.QtWidgets import QApplication
 
     from app.ui.main_window import MainWindow
-    from app.ui.models_panel import install_models_panel
+    from app.ui.models_install import install_models_panel
     from app.ui.theme import apply_theme
 
     app = QApplication(sys.argv[:1])
