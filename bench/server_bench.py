@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         args.mode,
         "--port",
         str(port),
+        "--no-history",  # as the client it is set against
     ]
     cmd += ["--ctx", str(args.ctx)] + (["--draft", args.draft] if args.draft else [])
     cmd += ["--threads", str(args.threads)] if args.threads else []
