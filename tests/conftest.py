@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")  # GUI tests never need a screen
+# Nothing a test runs (the CLI in a subprocess included) writes to the user's own data folder:
+# measured speeds, the drafting history, settings and conversations go to a folder of the run's.
+os.environ["TANDEM_DATA_DIR"] = tempfile.mkdtemp(prefix="tandem-test-data-")
 
 from pathlib import Path
 from typing import NamedTuple
