@@ -158,6 +158,14 @@ def load_conversations(path: Path, limit: int = 0, kinds: str = "") -> list[dict
     return rows[:limit] if limit else rows
 
 
+def history_doc(conversation: str, pass_no: int) -> str:
+    """The history's document for a conversation. The second pass writes its own: a conversation's
+    document holds its latest version (a first turn recorded again would drop the later turns the
+    first pass wrote), and the work done again is a new conversation on a history that holds the
+    first pass's."""
+    return conversation if pass_no == 1 else f"{conversation} (pass {pass_no})"
+
+
 def generation_settings(m: Mode, conversation: str, max_tokens: int) -> Any:
     from app.engine.settings import GenerationSettings
 
@@ -306,8 +314,9 @@ class BusyWatch:
 
 
 def forget_turn(engines: dict[str, Any], modes: list[Mode], conversation: str) -> None:
-    """Before a turn runs again: the history must not hold the reply it is about to write. The
-    conversation's earlier turns go too (they are in the prompt, and its next reply adds them back)."""
+    """Before a turn runs again: the history must not hold the reply (or the part of it) the stopped
+    try wrote. The conversation's document goes whole: its earlier turns are in the prompt, and the
+    next reply adds them back; the first pass's documents stay."""
     for m in modes:
         remove = getattr(engines[m.name], "remove_history", None)
         if m.history and remove is not None:
@@ -348,6 +357,7 @@ def run_pass(
     row = args.shift + repeat  # each repeat starts one row further, so a turn changes its order
     done = 0
     for conv in conversations:
+        doc = history_doc(conv["id"], pass_no)
         for e in {id(e): e for e in engines.values()}.values():
             e.reset()  # a new chat: nothing cached
         messages: list[dict[str, str]] = []
@@ -368,7 +378,7 @@ def run_pass(
                 others = OthersCpu()
                 runs: dict[str, dict[str, Any]] = {}
                 for m in order:
-                    gs = generation_settings(m, conv["id"], args.max_tokens)
+                    gs = generation_settings(m, doc, args.max_tokens)
                     runs[m.name] = generate(engines[m.name], ids, gs, cancel=watch)
                     if watch is not None and watch.busy:
                         break
@@ -381,7 +391,7 @@ def run_pass(
                     file=sys.stderr,
                     flush=True,
                 )
-                forget_turn(engines, modes, conv["id"])
+                forget_turn(engines, modes, doc)
             plain = runs["plain"]
             plain["messages"] = [dict(x) for x in messages]  # the chat it answered (for bench.replay)
             plain["lookup_bound"] = lookup_bound(ids, plain["tokens"], engine.costs.ratio)
@@ -400,6 +410,7 @@ def run_pass(
                         "position": next(j for j, m in enumerate(order) if m.name == name),
                         "others_cpu": busy,  # cores other processes used during the turn's replies
                         "tries": attempt + 1,
+                        **({"history_doc": doc} if MODES[name].history else {}),
                         **r,
                     }
                 )
@@ -465,6 +476,34 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     loads: list[dict[str, Any]] = []
     t_start = time.perf_counter()
     engines: dict[str, Any] = {}
+    machine_info = machine()
+
+    def results() -> dict[str, Any]:
+        return {
+            "machine": machine_info,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "settings": {
+                "target": args.target,
+                "draft": args.draft,
+                "max_tokens": args.max_tokens,
+                "ctx": args.ctx,
+                "threads": args.threads or os.cpu_count(),
+                "modes": [m.name for m in modes],
+                "temperature": 0.0,
+                "prompts": str(args.conversations),  # bench.replay's name for the input file
+                "conversations": [c["id"] for c in conversations],
+                "repeats": args.repeats,
+                "passes": 2 if second else 1,
+                "history_dir": None if history_root is None or temporary else str(history_root),
+                "shift": args.shift,
+                "verify_ratios": loads[0]["verify_ratios"] if loads else None,  # the first load's (replay)
+                "wall_seconds": round(time.perf_counter() - t_start, 1),
+            },
+            "notes": notes,
+            "loads": loads,
+            "runs": records,
+        }
+
     try:
         for r in range(args.repeats):
             folder = None
@@ -493,34 +532,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     loads.append(load)
                     close_engines(engines)
                     engines = {}
+                write_json(args.out, {**results(), "complete": False})  # so far, should the run stop
     finally:
         close_engines(engines)
         if temporary:
             shutil.rmtree(history_root, ignore_errors=True)
-    return {
-        "machine": machine(),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "settings": {
-            "target": args.target,
-            "draft": args.draft,
-            "max_tokens": args.max_tokens,
-            "ctx": args.ctx,
-            "threads": args.threads or os.cpu_count(),
-            "modes": [m.name for m in modes],
-            "temperature": 0.0,
-            "prompts": str(args.conversations),  # bench.replay's name for the input file
-            "conversations": [c["id"] for c in conversations],
-            "repeats": args.repeats,
-            "passes": 2 if second else 1,
-            "history_dir": None if history_root is None or temporary else str(history_root),
-            "shift": args.shift,
-            "verify_ratios": loads[0]["verify_ratios"],  # the first load's, for bench.replay
-            "wall_seconds": round(time.perf_counter() - t_start, 1),
-        },
-        "notes": notes,
-        "loads": loads,
-        "runs": records,
-    }
+    return results()
 
 
 # -- figures ------------------------------------------------------------------------------------------
@@ -648,7 +665,13 @@ def second_pass_check(summary: dict[str, dict[str, dict[str, Any]]]) -> list[str
     return out
 
 
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1))
+
+
 def main(args: argparse.Namespace) -> int:
+    args.out = args.out or REPO / "bench" / "results" / time.strftime("multiturn-%Y%m%d-%H%M%S.json")
     data = run(args)
     data["summary"] = summarize(data)
     m = data["machine"]
@@ -675,10 +698,8 @@ def main(args: argparse.Namespace) -> int:
     print(markdown_table(data["summary"], [f"{k}/{c}" for k in kinds for c in ("first", "revision")]))
     for line in second_pass_check(data["summary"]):
         print(line)
-    out = args.out or REPO / "bench" / "results" / time.strftime("multiturn-%Y%m%d-%H%M%S.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=1))
-    print(f"results: {out}")
+    write_json(args.out, {**data, "complete": True})
+    print(f"results: {args.out}")
     return 0
 
 

@@ -83,6 +83,10 @@ def test_multiturn_auto_history_runs_when_the_engine_keeps_a_history(tiny_pair, 
     assert {r["pass"] for r in data["runs"]} == {1, 2} and data["settings"]["passes"] == 2
     assert "auto-history (pass 2)" in data["summary"]["revision"]
     hist = [r for r in data["runs"] if r["mode"] == "auto-history"]
+    # the second pass writes new documents: the first pass's conversations stay whole in the history
+    assert {r["history_doc"] for r in hist if r["pass"] == 1} == {"c1", "a1"}
+    assert {r["history_doc"] for r in hist if r["pass"] == 2} == {"c1 (pass 2)", "a1 (pass 2)"}
+    assert data["complete"] is True
     assert all(r["same_as_plain"] or r["top2_gap_at_difference"] < 1e-3 for r in hist)
     assert (tmp_path / "h" / "repeat-0").is_dir()
     loads = data["loads"]
