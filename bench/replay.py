@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from app.engine.auto import LOOKUP_MAX
 from app.engine.drafting import EMPTY, Outcome, Proposal
 from app.engine.events import Source
 
@@ -290,8 +291,9 @@ def load_replies(
     data: dict[str, Any], target: str, prompts: Path, draft: str | None = None
 ) -> tuple[list[Reply], list[float], list[float] | None]:
     """The run's plain replies with the target's confidences (and the ``draft`` model's predictions),
-    the target's verify cost ratios for batches of 1-16 as its warm-up measures them on this machine
-    now, and (with a draft) the draft's cost of evaluating batches of 1-32 (:func:`measure_draft`)."""
+    the target's verify cost ratios for batches of 1 to auto mode's longest, as its warm-up measures
+    them on this machine now, and (with a draft) the draft's cost of evaluating batches of 1-32
+    (:func:`measure_draft`)."""
     from app.engine import sampling
     from app.engine.engine import Engine, LoadSettings
     from app.engine.llama import Context, Model
@@ -308,7 +310,7 @@ def load_replies(
     text = {row["id"]: row["prompt"] for row in load_prompts(prompts)} if need else {}
     replies = []
     with Engine(LoadSettings(target, draft, n_ctx=512)) as engine:
-        ratios = [round(engine.costs.ratio(b), 3) for b in range(1, 17)]
+        ratios = [round(engine.costs.ratio(b), 3) for b in range(1, LOOKUP_MAX + 2)]
         draft_ratios = measure_draft(engine.target, engine.draft) if engine.draft is not None else None
         for run in plain:
             messages = run.get("messages")

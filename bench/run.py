@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from app.engine.auto import LOOKUP_MAX
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PROMPTS = Path(__file__).with_name("prompts.jsonl")
 
@@ -189,7 +191,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             line = "  ".join(f"{n}={r['stats']['decode_tokens_per_second']:.1f}" for n, r in runs.items())
             print(f"[{i + 1}/{len(prompts)}] {row['id']} {row['category']}: {line} tok/s", file=sys.stderr)
         ratio = getattr(engine.costs, "ratio", None)  # the verify costs auto mode had measured by the end
-        verify_ratios = [round(ratio(b), 3) for b in range(1, 17)] if ratio else None
+        verify_ratios = [round(ratio(b), 3) for b in range(1, LOOKUP_MAX + 2)] if ratio else None
     finally:
         engine.close()
     return {
@@ -205,7 +207,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "prompts": str(args.prompts),
             "load_seconds": round(t_load, 2),
             "shift": args.shift,
-            "verify_ratios": verify_ratios,  # batches of 1-16, in decode steps (for bench.replay)
+            "verify_ratios": verify_ratios,  # batches of 1 to LOOKUP_MAX + 1, in steps (for bench.replay)
         },
         "runs": results,
     }

@@ -192,11 +192,14 @@ def test_long_lookup_matches_draft_longer_than_short_ones() -> None:
     cpu = SyntheticCosts(base=0.100, slope=0.04, draft=0.05)
     auto = AutoDrafter(None, LookupDrafter(), n_max=8, costs=cpu)
     for sure in (0, 1):
-        k = [best_length(auto.lookup_acc[lookup_class(m)][sure], cpu, 0.0, 8, 0.03).k for m in (2, 4, 7, 12)]
+        k = [
+            best_length(auto.lookup_acc[lookup_class(m)][sure], cpu, 0.0, 63, 0.03).k
+            for m in (2, 4, 7, 12, 20, 40)
+        ]
         assert k == sorted(k) and k[0] < k[-1]
     unsure_short, sure_short = (best_length(a, cpu, 0.0, 8, 0.03).k for a in auto.lookup_acc[1])
     assert unsure_short < sure_short  # a short match in hesitant prose is a coincidence more often
-    assert [lookup_class(m) for m in (2, 3, 5, 6, 9, 40)] == [0, 1, 1, 2, 3, 3]
+    assert [lookup_class(m) for m in (2, 3, 5, 6, 9, 16, 31, 32, 64)] == [0, 1, 1, 2, 3, 4, 4, 5, 5]
     assert len(auto.lookup_acc) == len(LOOKUP_CLASSES) + 1  # and the class of a resumed copy
 
 
@@ -873,19 +876,19 @@ class EpycCpu(SyntheticCosts):
 
 
 def test_the_first_draft_of_a_class_of_copy_in_a_reply_is_short() -> None:
-    """A long match in a new reply is first drafted FIRST_LOOKUP tokens deep, whatever other replies
-    taught the class; once the target accepted that, the copy is drafted long."""
-    from app.engine.auto.priors import FIRST_LOOKUP
+    """A 9-15 token match in a new reply is first drafted FIRST_LOOKUP tokens deep, whatever other
+    replies taught the class; once the target accepted that, the copy is drafted long."""
+    from app.engine.auto.priors import COPYING, FIRST_LOOKUP
 
     costs = EpycCpu(0.03, 0.0, 0.016)
-    source = list(range(100, 180))
+    source = list(range(100, 400))
     prompt = [1, 2, *source, 3]
     auto = AutoDrafter(None, LookupDrafter(), costs=costs)
     for _ in range(2):  # the second reply starts with a pool that saw long copies accepted
         auto.begin(prompt)
         done = 12
         first = auto.propose([*prompt, *source[:done]], 200, None, None)  # type: ignore[arg-type]
-        assert first.source == "lookup" and first.match >= LOOKUP_CLASSES[-1][0]
+        assert first.source == "lookup" and LOOKUP_CLASSES[3][0] <= first.match < COPYING
         assert 1 <= len(first.tokens) <= FIRST_LOOKUP < LOOKUP_MAX
         n = len(first.tokens)
         auto.observe(first, Outcome(Source.LOOKUP, n, n, n + 1, costs.verify(n + 1), costs.verify(n + 1)))
@@ -896,6 +899,22 @@ def test_the_first_draft_of_a_class_of_copy_in_a_reply_is_short() -> None:
             auto.observe(prop, Outcome(Source.LOOKUP, n, n, n + 1, costs.verify(n + 1), costs.verify(n + 1)))
             done += n + 1
         assert n == LOOKUP_MAX
+
+
+def test_a_copy_in_progress_is_drafted_long_from_its_first_round() -> None:
+    """A match of COPYING tokens or more is a copy in progress: its first draft is not capped at
+    FIRST_LOOKUP, and a batch of 64 that costs what a batch of 16 does (a CPU's batched kernels)
+    is used to copy LOOKUP_MAX tokens at once."""
+    from app.engine.auto.priors import COPYING
+
+    costs = EpycCpu(0.03, 0.0, 0.016)
+    source = list(range(100, 400))
+    prompt = [1, 2, *source, 3]
+    auto = AutoDrafter(None, LookupDrafter(), costs=costs)
+    auto.begin(prompt)
+    first = auto.propose([*prompt, *source[:40]], 200, None, None)  # type: ignore[arg-type]
+    assert first.source == "lookup" and first.match >= COPYING
+    assert len(first.tokens) == LOOKUP_MAX == 63
 
 
 def test_a_draft_model_that_could_not_pay_even_if_always_right_is_neither_planned_nor_probed() -> None:

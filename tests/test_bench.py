@@ -9,6 +9,7 @@ from itertools import pairwise
 
 import pytest
 
+from app.engine.auto import LOOKUP_MAX
 from bench import combine
 from bench import run as bench_run
 
@@ -51,7 +52,7 @@ def test_bench_runs_every_mode_and_combine_reports_medians(tiny_pair, tmp_path, 
     assert [moved[("p0", m)] for m in ("plain", "spec3", "lookup", "auto")] == [2, 0, 1, 3]
     assert second["settings"]["shift"] == 1
     ratios = data["settings"]["verify_ratios"]  # the costs auto mode measured, for bench.replay
-    assert len(ratios) == 16 and ratios[0] == 1.0
+    assert len(ratios) == LOOKUP_MAX + 1 and ratios[0] == 1.0
 
     assert combine.main([str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
     report = capsys.readouterr().out
@@ -150,10 +151,8 @@ def test_combine_answers_bad_input_with_one_line(tmp_path) -> None:
 
 def test_lookup_bound_drafts_as_far_as_auto_modes_lookup_may() -> None:
     """The bound copies as far as the target accepts, up to auto mode's lookup cap (not n_max)."""
-    from app.engine.auto import LOOKUP_MAX
-
-    source = list(range(100, 160))
-    prompt, reply = [1, 2, *source, 3], [*source[:2], *source[2:50]]
+    source = list(range(100, 100 + 2 + 3 * (LOOKUP_MAX + 1)))
+    prompt, reply = [1, 2, *source, 3], source
 
     def cheap(b: int) -> float:  # a GPU: each extra batch token costs a tenth of a step
         return 1 + 0.1 * (b - 1)
@@ -161,7 +160,7 @@ def test_lookup_bound_drafts_as_far_as_auto_modes_lookup_may() -> None:
     n, cost = bench_run.lookup_bound(prompt, reply, cheap)
     n8, cost8 = bench_run.lookup_bound(prompt, reply, cheap, n_max=8)
     assert n == n8 == len(reply)
-    assert cost < cost8  # rounds of 16 tokens against rounds of 9
+    assert cost < cost8  # rounds of LOOKUP_MAX + 1 tokens against rounds of 9
     # two plain steps until "100 101" matches the prompt, then three rounds of the whole cap
     assert cost == pytest.approx(2 + 3 * cheap(LOOKUP_MAX + 1))
 

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from app.engine.auto import LOOKUP_MAX
 from bench import multiturn
 
 
@@ -54,7 +55,7 @@ def test_multiturn_reports_first_and_revision_turns_apart(tiny_pair, tmp_path, c
     # each turn runs its modes in the other order in the next turn and in the next repeat
     place = {(r["id"], r["repeat"]): r["position"] for r in auto}
     assert place[("c1/1", 0)] != place[("c1/2", 0)] and place[("c1/1", 0)] != place[("c1/1", 1)]
-    assert data["settings"]["passes"] == 1 and len(data["settings"]["verify_ratios"]) == 16
+    assert data["settings"]["passes"] == 1 and len(data["settings"]["verify_ratios"]) == LOOKUP_MAX + 1
 
 
 def test_multiturn_results_replay_with_bench_replay(tiny_pair, tmp_path, capsys) -> None:

@@ -172,10 +172,10 @@ class Engine:
             model.offload = replace(model.offload, failed_layers=failed)
         return model, ctx
 
-    # verify costs timed at load (the rest are interpolated); 16 is a long prompt-lookup draft's batch.
-    # With AVX-512, llama.cpp's repacked kernels take 4 and 8 rows at a time: 8, 12 and 16 cost less
-    # than interpolation between their neighbours would say (here 3.1, 4.1 and 4.0 decode steps).
-    WARM_UP_BATCHES = (1, 2, 3, 4, 6, 8, 9, 12, 16)
+    # verify costs timed at load (the rest are interpolated); 64 is the longest copy's batch. The cost
+    # does not grow smoothly: on a 2-core AMD EPYC (AVX-512) a batch of 12 or 16 costs 8.0 decode steps,
+    # 32 costs 14.8 and 64 costs 20.7, so a long copy that holds pays where a batch of 4 (3.3) does not.
+    WARM_UP_BATCHES = (1, 2, 3, 4, 6, 8, 9, 12, 16, 32, 64)
 
     def _warm_up(self) -> None:
         """First evaluations allocate buffers and are slow: run them now, and seed auto mode's costs.
@@ -189,7 +189,7 @@ class Engine:
         four).
         """
         tok = self.target.bos if self.target.bos >= 0 else 0
-        sizes = [b for b in self.WARM_UP_BATCHES if b > 1]
+        sizes = [b for b in self.WARM_UP_BATCHES if 1 < b <= self._target_ctx.n_ctx // 2]
         order = [1]
         for j in range(0, len(sizes), 2):
             order += [*sizes[j : j + 2], 1]

@@ -195,6 +195,10 @@ class CopyBreaks:
     def offer(self, tokens: Sequence[int], found: Proposal) -> frozenset[int]:
         """Remember a copy to check next round; the offsets of its tokens copied from breaks."""
         self._offered = (len(tokens), found.origin, found.match, found.tokens)
+        return self.at(found)
+
+    def at(self, found: Proposal) -> frozenset[int]:
+        """The offsets of a copy's tokens copied from breaks."""
         if not self.breaks:
             return frozenset()
         return frozenset(i for i in range(len(found.tokens)) if found.origin + i in self.breaks)

@@ -52,6 +52,7 @@ from app.engine.auto.planner import Plan, best_length, continue_rule
 from app.engine.auto.priors import (
     CONFIDENCE_FLOOR,
     CONFIDENCE_WINDOW,
+    COPYING,
     FIRST_LOOKUP,
     HORIZON,
     LOOKUP_CLASSES,
@@ -126,16 +127,27 @@ class AutoDrafter:
             )
             for _, sure, unsure in (*LOOKUP_CLASSES, (0, RESUME_PRIOR, RESUME_PRIOR))
         ]
+        # copies from the history, by the same classes (no resumes: a history copy has no diagonal
+        # here), learned apart: in a revision the history holds older versions of the text, and its
+        # most frequent continuation may be an older one than the copy the context offers
+        self.history_acc = [
+            (
+                Acceptance(self.lookup_max, prior=unsure[0], prior_rest=unsure[1], weight=3.0),
+                Acceptance(self.lookup_max, prior=sure[0], prior_rest=sure[1], weight=3.0),
+            )
+            for _, sure, unsure in LOOKUP_CLASSES
+        ]
         self._copy_diagonal: int | None = None  # context index minus copied index of the last copy
         self._breaks = CopyBreaks()  # where this reply departed from copies of itself
         # A copy prompt lookup offered and auto did not draft, followed against the text as it comes:
-        # (class, sureness, diagonal, context index where it starts, the copy). What drafting it
+        # (kind, class, sureness, diagonal, context index where it starts, the copy). What drafting it
         # would have got (at temperature 0 exactly what verifying it would have accepted) counts as
         # this reply's evidence for its class, and a copy that held is the copy an edit resumes.
         # Without it a class whose prior does not pay is never drafted, so never learned.
-        self._undrafted: tuple[int, int, int, int, tuple[int, ...]] | None = None
-        # the class and diagonal (None: a copy from the history) of the copy being verified
-        self._lookup_round: tuple[int, int | None] = (0, 0)
+        self._undrafted: tuple[str, int, int, int | None, int, tuple[int, ...]] | None = None
+        # the kind ("lookup" or "history"), class and diagonal (None: from the history) of the copy
+        # being verified
+        self._copy_round: tuple[str, int, int | None] = ("lookup", 0, 0)
         self._sure = 0  # whether the target was sure of the last tokens when this round was planned
         self._reply: dict[tuple[str, int, int], ReplyAcceptance] = {}  # this reply's evidence, by class
         self.probe_every = probe_every
@@ -165,9 +177,13 @@ class AutoDrafter:
         # (prompt lookup is judged per class of match: coincidences losing must not stop copies)
         self._realized = {"none": Realized(16)}
         self._realized.update({f"model{c}": Realized(6) for c in range(len(MODEL_CLASSES))})
-        self._realized.update({f"lookup{c}": Realized(6) for c in range(len(self.lookup_acc))})
-        self._lookup_skip = [0] * len(self.lookup_acc)
-        self._lookup_every = [1] * len(self.lookup_acc)
+        self._copy_kinds = [
+            *(f"lookup{c}" for c in range(len(self.lookup_acc))),
+            *(f"history{c}" for c in range(len(self.history_acc))),
+        ]
+        self._realized.update({kind: Realized(6) for kind in self._copy_kinds})
+        self._copy_skip = dict.fromkeys(self._copy_kinds, 0)
+        self._copy_every = dict.fromkeys(self._copy_kinds, 1)
 
     def begin(self, prompt: Sequence[int]) -> float:
         self._target_conf.clear()
@@ -180,10 +196,10 @@ class AutoDrafter:
         # prompt lookup is judged per reply (its cost is just a batch; what differs between replies
         # is acceptance, which is learned per reply too): a class losing in code must not pause it
         # in the JSON reply that follows
-        for c in range(len(self.lookup_acc)):
-            self._realized[f"lookup{c}"].rounds.clear()
-        self._lookup_skip = [0] * len(self.lookup_acc)
-        self._lookup_every = [1] * len(self.lookup_acc)
+        for kind in self._copy_kinds:
+            self._realized[kind].rounds.clear()
+        self._copy_skip = dict.fromkeys(self._copy_kinds, 0)
+        self._copy_every = dict.fromkeys(self._copy_kinds, 1)
         self._copy_diagonal = None
         self._breaks.begin()
         self._undrafted = None
@@ -220,16 +236,17 @@ class AutoDrafter:
         t0 = time.perf_counter()
         self._rounds += 1
         if self._rounds % RELAX_EVERY == 0:  # in steps of a few rounds: it touches every class's arrays
-            for acc in (*(a for pair in self.lookup_acc for a in pair), *self.model_acc):
+            copies = (*self.lookup_acc, *self.history_acc)
+            for acc in (*(a for pair in copies for a in pair), *self.model_acc):
                 acc.relax(RELAX**RELAX_EVERY)
         self._sure = int(model_class(self._target_conf) == len(MODEL_CLASSES) - 1)
         self._breaks.check(tokens)
         if self._undrafted is not None:
             self._follow_undrafted(tokens)
         found = self.lookup.propose(tokens, min(k, self.lookup_max), params, rng)
-        if self.history is not None:  # the user's history may hold a longer match than the context
+        if self.history is not None:  # the user's history may offer another copy than the context
             earlier = self.history.propose(tokens, min(k, self.lookup_max), params, rng)
-            if earlier.tokens and (not found.tokens or earlier.match > found.match):
+            if earlier.tokens and (not found.tokens or self._history_better(tokens, found, earlier)):
                 found = earlier
         declined = None  # a copy prompt lookup or the history found and auto did not draft
         if found.tokens:
@@ -240,33 +257,63 @@ class AutoDrafter:
             return _no_draft(Action.DECLINED if declined else Action.NO_MATCH, t0, declined)
         return self._plan_model(tokens, limit, params, rng, t0, declined)
 
+    def _copy_class(self, tokens: Sequence[int], found: Proposal) -> tuple[str, int, int | None]:
+        """The kind, class and diagonal (None: from the history) of a copy offered this round."""
+        if found.source is Source.LOOKUP:
+            diagonal = len(tokens) - found.origin
+            return "lookup", self._lookup_class(found.match, diagonal), diagonal
+        return "history", lookup_class(found.match), None
+
+    def _copy_plan(
+        self, tokens: Sequence[int], found: Proposal, at_breaks: frozenset[int] = frozenset()
+    ) -> Plan:
+        """The best draft of this copy at its class's acceptance (tokens copied from where this reply
+        departed from a copy of itself, ``at_breaks``, judged at the rate such tokens held)."""
+        kind, c, _ = self._copy_class(tokens, found)
+        acc = self._estimate(kind, c)
+        view = AtBreaks(acc, at_breaks, self._breaks.rate()) if at_breaks else acc
+        first = acc.trials[0] or found.match >= COPYING  # a copy in progress is not capped
+        room = len(found.tokens) if first else min(len(found.tokens), FIRST_LOOKUP)
+        return best_length(view, self.costs, 0.0, room, self.margin)
+
+    def _history_better(self, tokens: Sequence[int], context: Proposal, history: Proposal) -> bool:
+        """The history's copy is another text than the context's and is expected to pay more.
+
+        Where both copy the same text (one is the start of the other) the context's is taken: it
+        knows where the copy is in the text, by which a copy resumed after an edit and the places
+        where this reply departed from it are found."""
+        n = min(len(history.tokens), len(context.tokens))
+        if history.tokens[:n] == context.tokens[:n]:
+            return False
+        return self._copy_rate(tokens, history) > self._copy_rate(tokens, context)
+
+    def _copy_rate(self, tokens: Sequence[int], found: Proposal) -> float:
+        """The tokens per second drafting this copy is expected to deliver (plain's if it does not pay)."""
+        at_breaks = self._breaks.at(found) if found.source is Source.LOOKUP else frozenset()
+        return self._copy_plan(tokens, found, at_breaks).rate
+
     def _plan_copy(
         self, tokens: Sequence[int], found: Proposal, t0: float
     ) -> tuple[Proposal | None, Declined | None]:
         """Draft (part of) the copy prompt lookup or the history found, or decline it. A copy from the
-        history is judged like one from the context, by its match length (it has no diagonal here)."""
-        from_context = found.source is Source.LOOKUP
-        diagonal = len(tokens) - found.origin if from_context else None
-        c = self._lookup_class(found.match, diagonal) if diagonal is not None else lookup_class(found.match)
-        self._lookup_round = (c, diagonal)
-        acc = self._estimate("lookup", c)
-        at_breaks = self._breaks.offer(tokens, found) if from_context else frozenset()
-        view = AtBreaks(acc, at_breaks, self._breaks.rate()) if at_breaks else acc
-        room = len(found.tokens) if acc.trials[0] else min(len(found.tokens), FIRST_LOOKUP)
-        plan = best_length(view, self.costs, 0.0, room, self.margin)
-        losing = plan.k > 0 and self._losing(f"lookup{c}")
+        history is judged by its match length in classes of its own (it has no diagonal here)."""
+        kind, c, diagonal = self._copy_round = self._copy_class(tokens, found)
+        at_breaks = self._breaks.offer(tokens, found) if diagonal is not None else frozenset()
+        plan = self._copy_plan(tokens, found, at_breaks)
+        key = f"{kind}{c}"
+        losing = plan.k > 0 and self._losing(key)
         if losing:  # try again only now and then, with back-off
-            self._lookup_skip[c] += 1
-            if self._lookup_skip[c] < self._lookup_every[c]:
+            self._copy_skip[key] += 1
+            if self._copy_skip[key] < self._copy_every[key]:
                 plan = Plan(0, plan.rate, plan.plain_rate)
             else:
-                self._lookup_skip[c] = 0
-                self._lookup_every[c] = min(64, self._lookup_every[c] * 2)
+                self._copy_skip[key] = 0
+                self._copy_every[key] = min(64, self._copy_every[key] * 2)
         elif plan.k > 0:
-            self._lookup_every[c] = 1
+            self._copy_every[key] = 1
         if plan.k == 0:
             if self._undrafted is None:
-                self._undrafted = (c, self._sure, diagonal, len(tokens), found.tokens)
+                self._undrafted = (kind, c, self._sure, diagonal, len(tokens), found.tokens)
             return None, Declined(found.source, found.match, losing)
         n = plan.k
         if self._undrafted is not None:
@@ -281,7 +328,7 @@ class AutoDrafter:
             resumes_copy=c == RESUME,
             copy_broke_at=min(at_breaks) + 1 if at_breaks else 0,
             expected_speedup=plan.rate / plan.plain_rate,
-            measured_speedup=self._measured(f"lookup{c}"),
+            measured_speedup=self._measured(key),
         )
         drafted = replace(
             found,
@@ -361,7 +408,7 @@ class AutoDrafter:
     def _follow_undrafted(self, tokens: Sequence[int], end: bool = False) -> None:
         """Check the undrafted copy against the text that followed it; once it broke or ran out (or
         at ``end``: this round drafts), count what drafting it would have got as evidence."""
-        c, sure, diagonal, start, copy = self._undrafted  # type: ignore[misc]
+        kind, c, sure, diagonal, start, copy = self._undrafted  # type: ignore[misc]
         n = min(len(copy), len(tokens) - start)
         held = 0
         while held < n and copy[held] == tokens[start + held]:
@@ -372,8 +419,8 @@ class AutoDrafter:
         drafted = held if held == n and end else n
         if drafted == 0:
             return
-        self._estimate("lookup", c, sure).observe(drafted, held)
-        if held:
+        self._estimate(kind, c, sure).observe(drafted, held)
+        if held and diagonal is not None:
             self._copy_diagonal = diagonal  # a copy in progress: a short match after an edit resumes it
 
     def _model_cannot_pay(self, draft_cost: float, limit: int) -> bool:
@@ -395,14 +442,21 @@ class AutoDrafter:
         return lookup_class(match)
 
     def _estimate(self, source: str, c: int, sure: int | None = None) -> ReplyAcceptance:
-        """Acceptance in this reply for a class of ``source`` ("lookup": also by the target's sureness,
-        this round's unless ``sure`` is given)."""
-        sure = (self._sure if sure is None else sure) if source == "lookup" else 0
+        """Acceptance in this reply for a class of ``source`` ("lookup" and "history": also by the
+        target's sureness, this round's unless ``sure`` is given; or "model")."""
+        copies = source != "model"
+        sure = (self._sure if sure is None else sure) if copies else 0
         key = (source, c, sure)
         est = self._reply.get(key)
         if est is None:
-            pooled = self.lookup_acc[c][sure] if source == "lookup" else self.model_acc[c]
-            est = self._reply[key] = ReplyAcceptance(pooled, copies=source == "lookup")
+            pooled = (
+                self.lookup_acc[c][sure]
+                if source == "lookup"
+                else self.history_acc[c][sure]
+                if copies
+                else self.model_acc[c]
+            )
+            est = self._reply[key] = ReplyAcceptance(pooled, copies=copies)
         return est
 
     def _model_overrun(self) -> float:
@@ -488,7 +542,7 @@ class AutoDrafter:
         if not proposal.tokens:
             kind = "none"
         elif proposal.source in (Source.LOOKUP, Source.HISTORY):
-            kind = f"lookup{self._lookup_round[0]}"
+            kind = f"{self._copy_round[0]}{self._copy_round[1]}"
         else:
             kind = f"model{self._model_class}"
         if kind in self._realized and not self._probing:  # a probe is short on purpose: not a sample
@@ -513,11 +567,12 @@ class AutoDrafter:
             else:
                 self._runs[-1] += 1
         if proposal.source in (Source.LOOKUP, Source.HISTORY):
-            c, diagonal = self._lookup_round
+            source, c, diagonal = self._copy_round
             if outcome.n_accepted and diagonal is not None:
                 self._copy_diagonal = diagonal
-            self.lookup_acc[c][self._sure].observe(outcome.n_drafted, outcome.n_accepted, proposal.confidence)
-            self._estimate("lookup", c).observe(outcome.n_drafted, outcome.n_accepted)
+            pooled = self.lookup_acc if source == "lookup" else self.history_acc
+            pooled[c][self._sure].observe(outcome.n_drafted, outcome.n_accepted, proposal.confidence)
+            self._estimate(source, c).observe(outcome.n_drafted, outcome.n_accepted)
         elif proposal.source is Source.MODEL:
             for acc in (self.acc["model"], self.model_acc[self._model_class]):
                 acc.observe(outcome.n_drafted, outcome.n_accepted, proposal.confidence)

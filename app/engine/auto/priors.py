@@ -15,6 +15,8 @@ LOOKUP_CLASSES = (
     (3, (0.85, 0.78), (0.65, 0.68)),
     (6, (0.85, 0.8), (0.75, 0.8)),
     (9, (0.9, 0.93), (0.9, 0.93)),
+    (16, (0.95, 0.97), (0.95, 0.97)),
+    (32, (0.97, 0.98), (0.97, 0.98)),
 )
 # A short match on the diagonal of the last accepted copy (give or take RESUME_SHIFT tokens) resumes
 # that copy after a small edit; it is judged in a class of its own.
@@ -42,10 +44,11 @@ BORROW_TRIALS = 2
 PROBE_HOPE = 0.5  # a probe hopes for its class's acceptance this far on the way to 1
 PROBE_K = 2  # a probe drafts this many tokens at most; its own round is part of its price
 # Prompt lookup's drafts cost nothing to make: their length is bounded by what verifying them costs.
-LOOKUP_MAX = 15
+LOOKUP_MAX = 63
 # The first draft of a class of copy in a reply copies at most this many tokens: a long draft failing
 # at its first token costs a whole batch.
 FIRST_LOOKUP = 3
+COPYING = 16  # a match this long is a copy in progress: its first draft is not capped
 # A copied token from where this reply once departed from a copy of itself is judged at the rate such
 # tokens held (this prior, as if seen BREAK_WEIGHT times, until the reply has its own evidence).
 BREAK_PRIOR = 0.2

@@ -27,7 +27,7 @@ class HistoryDrafter:
     the match length long, capped at ``max_draft`` and the loop's ``k``: ArcticInference's suffix
     decoding rule (``max_spec_tokens = max_spec_factor * match length``), with its default factor 1.0.
     A short match (K = 4 tokens) is often a common phrase whose continuation breaks early, so it earns a
-    short draft; a match of 16 or more tokens is a copy of earlier text in progress, and earns up to 32.
+    short draft; a match of 16 or more tokens is a copy of earlier text in progress, and earns up to 64.
     Each token is drafted while its share of the candidates still in play is at least ``min_prob``.
     Drafts are deterministic (``q`` is None): sampling stays exact through the loop's rejection sampling.
     """
@@ -42,7 +42,7 @@ class HistoryDrafter:
         *,
         min_prob: float = 0.5,
         spec_factor: float = 1.0,
-        max_draft: int = 32,
+        max_draft: int = 64,
         max_match: int = 64,
         max_candidates: int = 64,
         stops: Iterable[int] = (),
