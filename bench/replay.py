@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.engine.auto import LOOKUP_MAX
 from app.engine.drafting import EMPTY, Outcome, Proposal
 from app.engine.events import Source
 
@@ -287,107 +286,6 @@ def accepted(draft: Sequence[int], reply: Sequence[int], pos: int) -> int:
     return a
 
 
-def load_replies(
-    data: dict[str, Any], target: str, prompts: Path, draft: str | None = None
-) -> tuple[list[Reply], list[float], list[float] | None]:
-    """The run's plain replies with the target's confidences (and the ``draft`` model's predictions),
-    the target's verify cost ratios for batches of 1 to auto mode's longest, as its warm-up measures
-    them on this machine now, and (with a draft) the draft's cost of evaluating batches of 1-32
-    (:func:`measure_draft`)."""
-    from app.engine import sampling
-    from app.engine.engine import Engine, LoadSettings
-    from app.engine.llama import Context, Model
-    from bench.run import load_prompts
-
-    # A reply recorded with the chat it answered (``bench.multiturn``: a turn of a conversation) is
-    # replayed on that chat; otherwise on its prompt from the prompt file. A reply recorded more than
-    # once (the repeats of a multi-turn run) is replayed once.
-    plain: list[dict[str, Any]] = []
-    for r in data["runs"]:
-        if r["mode"] == "plain" and all(r["id"] != x["id"] for x in plain):
-            plain.append(r)
-    need = any("messages" not in r for r in plain)
-    text = {row["id"]: row["prompt"] for row in load_prompts(prompts)} if need else {}
-    replies = []
-    with Engine(LoadSettings(target, draft, n_ctx=512)) as engine:
-        ratios = [round(engine.costs.ratio(b), 3) for b in range(1, LOOKUP_MAX + 2)]
-        draft_ratios = measure_draft(engine.target, engine.draft) if engine.draft is not None else None
-        for run in plain:
-            messages = run.get("messages")
-            if messages is None and run["id"] in text:
-                messages = [{"role": "user", "content": text[run["id"]]}]
-            if messages is None:
-                continue
-            ids = engine.chat_prompt(messages)
-            tokens = list(run["tokens"])
-            n = len(ids) + len(tokens)
-            found: list[tuple[list[int], list[float]]] = []
-            models: list[Model] = [engine.target] if engine.draft is None else [engine.target, engine.draft]
-            for model in models:
-                ctx = Context(model, n_ctx=n + 8, n_batch=n + 8)
-                try:
-                    ctx.decode([*ids, *tokens], 0, logits="all")
-                    rows = [ctx.logits(len(ids) - 1 + i) for i in range(len(tokens))]
-                    found.append(
-                        ([int(row.argmax()) for row in rows], [sampling.top_probability(x) for x in rows])
-                    )
-                finally:
-                    ctx.close()
-            conf = found[0][1]
-            guess, guess_conf = found[1] if len(found) > 1 else ([], [])
-            replies.append(
-                Reply(
-                    run["id"],
-                    run["category"],
-                    ids,
-                    tokens,
-                    conf,
-                    tuple(guess),
-                    tuple(guess_conf),
-                    engine.target.control_tokens,
-                )
-            )
-    return replies, ratios, draft_ratios
-
-
-DRAFT_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
-
-
-def measure_draft(target: Any, draft: Any, context: int = 300, reps: int = 7) -> list[float]:
-    """The draft model's cost of evaluating a batch of 1-32 tokens after ``context`` tokens, in steps
-    of the target (medians of ``reps`` timings; sizes between the timed ones interpolated)."""
-    import statistics
-    import time
-
-    from app.engine.llama import Context
-
-    def timed(ctx: Any, n: int) -> float:
-        samples = []
-        for _ in range(reps):
-            ctx.trim(context)
-            t0 = time.perf_counter()
-            ctx.decode([(2000 + i) % vocab for i in range(n)], context, logits="last")
-            samples.append(time.perf_counter() - t0)
-        return statistics.median(samples)
-
-    vocab = min(target.n_vocab, draft.n_vocab)
-    ctxs = [Context(m, n_ctx=context + 64, n_batch=64) for m in (target, draft)]
-    try:
-        for ctx in ctxs:
-            ctx.decode([(1000 + i) % vocab for i in range(context)], 0, logits="none")
-        step = timed(ctxs[0], 1)
-        at = {n: timed(ctxs[1], n) / step for n in DRAFT_BATCHES}
-    finally:
-        for ctx in ctxs:
-            ctx.close()
-    out = []
-    for b in range(1, DRAFT_BATCHES[-1] + 1):
-        lo = max(n for n in DRAFT_BATCHES if n <= b)
-        hi = min(n for n in DRAFT_BATCHES if n >= b)
-        out.append(round(at[lo] + (at[hi] - at[lo]) * ((b - lo) / (hi - lo) if hi > lo else 0.0), 3))
-    return out
-
-
 Table = dict[str, list[Result]]  # policy -> its result in each order replayed
 
 
@@ -448,9 +346,14 @@ def orders(replies: Sequence[Reply], n: int) -> list[list[Reply]]:
 
 
 def _costs(flag: str, text: str | None) -> list[float] | None:
-    """A comma-separated cost table given on the command line (checked before any model loads)."""
+    """A comma-separated cost table given on the command line (checked before any model loads);
+    ``--ratios gpu``: a laptop GPU's (:func:`bench.replay_history.gpu_ratios`)."""
     if not text:
         return None
+    if flag == "--ratios" and text == "gpu":
+        from bench.replay_history import gpu_ratios
+
+        return gpu_ratios()
     try:
         values = [float(x) for x in text.split(",")]
     except ValueError:
@@ -475,8 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", type=Path, help="the prompts JSONL (default: the run's)")
     p.add_argument(
         "--ratios",
-        help="verify cost of batches 1, 2, 3, ... in decode steps, comma-separated "
-        "(default: the run's, if it recorded them; else measured by loading the target now)",
+        help="verify cost of batches 1, 2, 3, ... in decode steps, comma-separated, or 'gpu' for a "
+        "laptop GPU's (default: the run's, if it recorded them; else measured by loading the target now)",
     )
     p.add_argument(
         "--draft-ratios",
@@ -499,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
     target = args.target or settings["target"]
     draft = None if args.no_draft else args.draft or settings.get("draft")
     prompts = args.prompts or Path(settings["prompts"])
+    from bench.replay_load import load_replies
+
     replies, measured, measured_draft = load_replies(data, target, prompts, draft)
     if not replies:
         raise SystemExit(f"{args.results} has no plain replies to replay")
@@ -514,6 +419,11 @@ def main(argv: list[str] | None = None) -> int:
             rows["auto"].append(replay_auto(order, costs, max_tokens, model=True))
             for k in (3, 5):
                 rows[f"spec{k}"].append(replay_fixed(order, costs, k, max_tokens)[0])
+    if any("conversation" in r for r in data["runs"]):  # a multi-turn run: the history, pass by pass
+        from bench.replay_history import replay_history
+
+        for p, (result, _) in enumerate(replay_history(replies, costs, max_tokens, model=bool(draft)), 1):
+            rows[f"auto-history (pass {p})"] = [result]
     rows["lookup bound"].append(replay_bound(replies, costs))
     rows = {k: v for k, v in rows.items() if v}
     run_figures = measured_speedups(data, ["spec3", "spec5", "auto"] if draft else [])

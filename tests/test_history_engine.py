@@ -36,6 +36,8 @@ def ready(engine: Engine) -> None:
 def test_auto_mode_drafts_from_the_history_and_stays_lossless(tiny_pair, tmp_path) -> None:
     with Engine(load(tiny_pair, tmp_path)) as eng:
         ready(eng)
+        # a copy from the history ends before a turn marker, as prompt lookup's does
+        assert eng._keeper is not None and eng._keeper.drafter.stops == eng.target.control_tokens
         prompt = eng.tokenize(PROMPT)
         plain = eng.run(prompt, GenerationSettings(mode="plain", max_tokens=60, history_doc="chat-1"))
         info = eng.history_info()

@@ -97,6 +97,8 @@ class Engine:
             self.close()
             raise
         self._model_drafter = ModelDrafter(self._draft_ctx) if self._draft_ctx else None
+        if self._keeper is not None:  # a copy from the history ends before a turn marker, as lookup's
+            self._keeper.drafter.stops = self.target.control_tokens
         # auto mode's cost measurements belong to this loaded pair on this machine: keep them
         self.costs: CostModel = costs or MeasuredCosts()
         self._auto: dict[int, AutoDrafter] = {}
