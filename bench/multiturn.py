@@ -124,6 +124,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--no-second-pass", action="store_true", help="with auto-history, skip the pass on a reloaded history"
     )
     p.add_argument(
+        "--timing-tokens",
+        type=int,
+        default=1_000_000,
+        metavar="N",
+        help="with auto-history, time the history's calls on an index of N tokens at the end (0: not)",
+    )
+    p.add_argument(
         "--out", type=Path, default=None, help="results JSON (default bench/results/multiturn-<time>.json)"
     )
 
@@ -667,6 +674,18 @@ def second_pass_check(summary: dict[str, dict[str, dict[str, Any]]]) -> list[str
     return out
 
 
+def history_timing_line(data: dict[str, Any]) -> str:
+    """What the history's calls cost per call, against a decode step of plain decoding in this run."""
+    t = data["history_timing"]
+    plain = [r["stats"]["decode_tokens_per_second"] for r in data["runs"] if r["mode"] == "plain"]
+    step = f"; a decode step here: {1e3 / statistics.median(plain):.1f} ms" if plain else ""
+    return (
+        f"history, per call on a {t['tokens']:,}-token index: add a token {t['add']:.1f} us, lookup "
+        f"{t['lookup']:.1f} us (not found {t['lookup_miss']:.1f}, common {t['lookup_common']:.1f}), "
+        f"continuation {t['continuation']:.1f} us (common {t['continuation_common']:.1f}){step}"
+    )
+
+
 def write_json(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1))
@@ -676,6 +695,10 @@ def main(args: argparse.Namespace) -> int:
     args.out = args.out or REPO / "bench" / "results" / time.strftime("multiturn-%Y%m%d-%H%M%S.json")
     data = run(args)
     data["summary"] = summarize(data)
+    if args.timing_tokens > 0 and any(r["mode"] == "auto-history" for r in data["runs"]):
+        from app.engine.history.timing import measure
+
+        data["history_timing"] = {"tokens": args.timing_tokens, **measure(args.timing_tokens, calls=500)}
     m = data["machine"]
     s = data["settings"]
     print(
@@ -700,6 +723,8 @@ def main(args: argparse.Namespace) -> int:
     print(markdown_table(data["summary"], [f"{k}/{c}" for k in kinds for c in ("first", "revision")]))
     for line in second_pass_check(data["summary"]):
         print(line)
+    if "history_timing" in data:
+        print(history_timing_line(data))
     write_json(args.out, {**data, "complete": True})
     print(f"results: {args.out}")
     return 0

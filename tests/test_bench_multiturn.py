@@ -68,11 +68,13 @@ def test_multiturn_results_replay_with_bench_replay(tiny_pair, tmp_path, capsys)
     printed = capsys.readouterr().out
     assert "Replay of 4 plain replies" in printed
     assert "| first |" in printed and "| revision |" in printed and "| all |" in printed
+    assert "auto-history (pass 1) | auto-history (pass 2) |" in printed  # the history, replayed
 
 
 def test_multiturn_auto_history_runs_when_the_engine_keeps_a_history(tiny_pair, tmp_path, capsys) -> None:
     """With the history fields, auto-history runs in two passes; without them it is skipped, said."""
-    args = multiturn_args(tiny_pair, tmp_path, "--repeats", "1", "--history-dir", str(tmp_path / "h"))
+    extra = ("--repeats", "1", "--history-dir", str(tmp_path / "h"), "--timing-tokens", "20000")
+    args = multiturn_args(tiny_pair, tmp_path, *extra)
     assert multiturn.main(args) == 0
     out = capsys.readouterr()
     data = json.loads((tmp_path / "mt.json").read_text())
@@ -90,6 +92,10 @@ def test_multiturn_auto_history_runs_when_the_engine_keeps_a_history(tiny_pair, 
     assert data["complete"] is True
     assert all(r["same_as_plain"] or r["top2_gap_at_difference"] < 1e-3 for r in hist)
     assert (tmp_path / "h" / "repeat-0").is_dir()
+    # what the history's calls cost, against a decode step, in the output
+    assert "history, per call on a 20,000-token index: add a token" in out.out
+    assert "a decode step here" in out.out
+    assert data["history_timing"]["lookup"] > 0
     loads = data["loads"]
     assert len(loads) == 2 and loads[1]["history_before"]["tokens"] > 0  # the first pass's, reloaded
 
