@@ -47,8 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.engine.auto import LOOKUP_MAX
-from bench.run import REPO, TIE_GAP, balanced_order, lookup_bound, machine
+from bench.run import REPO, TIE_GAP, balanced_order, lookup_bound, machine, recorded_ratios
 
 DEFAULT_CONVERSATIONS = Path(__file__).with_name("conversations.jsonl")
 KINDS = ("code", "document", "agent")
@@ -534,8 +533,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     engines, conversations, modes, args, repeat=r, pass_no=pass_no, label=label
                 )
                 if with_history or r == args.repeats - 1:  # without a history the pair is loaded once
-                    ratio = engines["plain"].costs.ratio
-                    load["verify_ratios"] = [round(ratio(b), 3) for b in range(1, LOOKUP_MAX + 2)]
+                    load["verify_ratios"] = recorded_ratios(engines["plain"].costs)
                     if folder is not None:
                         load["history_after"] = history_info(engines["auto-history"])
                     loads.append(load)

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from app.engine.auto import LOOKUP_MAX
 from bench.replay import Reply
+from bench.run import recorded_ratios
 
 
 def load_replies(
@@ -34,7 +34,7 @@ def load_replies(
     text = {row["id"]: row["prompt"] for row in load_prompts(prompts)} if need else {}
     replies = []
     with Engine(LoadSettings(target, draft, n_ctx=512)) as engine:
-        ratios = [round(engine.costs.ratio(b), 3) for b in range(1, LOOKUP_MAX + 2)]
+        ratios = recorded_ratios(engine.costs) or []
         draft_ratios = measure_draft(engine.target, engine.draft) if engine.draft is not None else None
         for run in plain:
             messages = run.get("messages")

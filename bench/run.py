@@ -190,8 +190,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 )
             line = "  ".join(f"{n}={r['stats']['decode_tokens_per_second']:.1f}" for n, r in runs.items())
             print(f"[{i + 1}/{len(prompts)}] {row['id']} {row['category']}: {line} tok/s", file=sys.stderr)
-        ratio = getattr(engine.costs, "ratio", None)  # the verify costs auto mode had measured by the end
-        verify_ratios = [round(ratio(b), 3) for b in range(1, LOOKUP_MAX + 2)] if ratio else None
+        verify_ratios = recorded_ratios(engine.costs)  # what auto mode had measured by the end
     finally:
         engine.close()
     return {
@@ -211,6 +210,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         },
         "runs": results,
     }
+
+
+def recorded_ratios(costs: Any) -> list[float] | None:
+    """The verify costs of batches of 1 to auto mode's longest copy, in decode steps, as a cost model
+    estimates them (for ``bench.replay``); None for one without ratios."""
+    ratio = getattr(costs, "ratio", None)
+    return [round(ratio(b), 3) for b in range(1, LOOKUP_MAX + 2)] if ratio else None
 
 
 def lookup_bound(

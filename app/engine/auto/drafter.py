@@ -441,6 +441,10 @@ class AutoDrafter:
             return RESUME
         return lookup_class(match)
 
+    def _copy_acc(self, source: str) -> list[tuple[Acceptance, Acceptance]]:
+        """The pooled acceptance of copies from ``source`` ("lookup" or "history"), by class."""
+        return self.lookup_acc if source == "lookup" else self.history_acc
+
     def _estimate(self, source: str, c: int, sure: int | None = None) -> ReplyAcceptance:
         """Acceptance in this reply for a class of ``source`` ("lookup" and "history": also by the
         target's sureness, this round's unless ``sure`` is given; or "model")."""
@@ -449,13 +453,7 @@ class AutoDrafter:
         key = (source, c, sure)
         est = self._reply.get(key)
         if est is None:
-            pooled = (
-                self.lookup_acc[c][sure]
-                if source == "lookup"
-                else self.history_acc[c][sure]
-                if copies
-                else self.model_acc[c]
-            )
+            pooled = self._copy_acc(source)[c][sure] if copies else self.model_acc[c]
             est = self._reply[key] = ReplyAcceptance(pooled, copies=copies)
         return est
 
@@ -570,8 +568,8 @@ class AutoDrafter:
             source, c, diagonal = self._copy_round
             if outcome.n_accepted and diagonal is not None:
                 self._copy_diagonal = diagonal
-            pooled = self.lookup_acc if source == "lookup" else self.history_acc
-            pooled[c][self._sure].observe(outcome.n_drafted, outcome.n_accepted, proposal.confidence)
+            pooled = self._copy_acc(source)[c][self._sure]
+            pooled.observe(outcome.n_drafted, outcome.n_accepted, proposal.confidence)
             self._estimate(source, c).observe(outcome.n_drafted, outcome.n_accepted)
         elif proposal.source is Source.MODEL:
             for acc in (self.acc["model"], self.model_acc[self._model_class]):
