@@ -11,7 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.gguf.arch import MemoryKind, Rollback, memory_kind, rollback_for
 from app.gguf.split import part_names, split_info
+
+from .drafting import PairDrafting, pair_drafting
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -129,7 +132,14 @@ class QuantFile:
 
 @dataclass(frozen=True)
 class CatalogModel:
-    """A model of the catalog, with what the memory estimate needs."""
+    """A model of the catalog, with what the memory and speed estimates need.
+
+    Optional architecture facts: ``active_params``, ``experts``, ``experts_used`` (a mixture of
+    experts); ``kv_layers`` (layers with a KV cache, default all); ``sliding_window`` and
+    ``sliding_layers`` (layers that see only the window); ``recurrent_state`` (bytes of one sequence's
+    recurrent state, f32, over all recurrent layers); ``sources`` (where the facts come from).
+    ``active_params`` 0 means ``params``, ``kv_layers`` -1 means ``n_layers``.
+    """
 
     id: str
     name: str
@@ -146,6 +156,35 @@ class CatalogModel:
     gated: bool
     files: Mapping[str, QuantFile]
     default_quant: str = DEFAULT_QUANT
+    active_params: int = 0
+    experts: int = 0
+    experts_used: int = 0
+    kv_layers: int = -1
+    sliding_window: int = 0
+    sliding_layers: int = 0
+    recurrent_state: int = 0
+    sources: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.active_params <= 0:
+            object.__setattr__(self, "active_params", self.params)
+        if self.kv_layers < 0:
+            object.__setattr__(self, "kv_layers", self.n_layers)
+
+    @property
+    def memory(self) -> MemoryKind:
+        """What the model keeps of the text it has read (`app.gguf.arch.memory_kind`)."""
+        return memory_kind(self.architecture, sliding_window=self.sliding_window)
+
+    @property
+    def rollback(self) -> Rollback:
+        """How the engine undoes a rejected draft on this model."""
+        return rollback_for(self.memory, self.architecture)
+
+    @property
+    def moe(self) -> bool:
+        """A mixture of experts (some of its weights are read per token)."""
+        return self.experts > 1 and self.experts_used > 0
 
     def file(self, quant: str | None = None) -> QuantFile:
         """The file for `quant` (default: the model's default quantization)."""
@@ -192,12 +231,18 @@ class Catalog:
                 return p
         raise CatalogError(f"unknown pair id {pair_id!r}")
 
+    def drafting(self, pair: Pair) -> PairDrafting:
+        """What drafting `pair` supports (its models' memory kinds and rollbacks)."""
+        return pair_drafting(self.model(pair.target), self.model(pair.draft))
+
     def to_data(self) -> dict[str, Any]:
         """The catalog as plain data (for JSON): pairs in order, and each model with its facts and, per
         quantization, its file's repo, name, size and parts (a single file is its own one part)."""
         return {
             "schema": SCHEMA_VERSION,
-            "pairs": [dataclasses.asdict(p) for p in self.pairs],
+            "pairs": [
+                {**dataclasses.asdict(p), "drafting": self.drafting(p).to_data()} for p in self.pairs
+            ],
             "models": {m.id: _model_data(m) for m in self.models.values()},
         }
 
@@ -223,6 +268,7 @@ class Catalog:
 
 def _model_data(m: CatalogModel) -> dict[str, Any]:
     facts = {f.name: getattr(m, f.name) for f in dataclasses.fields(m) if f.name not in ("id", "files")}
+    facts.update(sources=list(m.sources), memory=m.memory.value, rollback=m.rollback.value, moe=m.moe)
     files = {
         q: {"quant": q, "repo": m.repo, "file": qf.file, "size": qf.size, "size_approx": qf.size_approx,
             "split": qf.split, "parts": [dataclasses.asdict(p) for p in qf.downloads]}
@@ -339,8 +385,42 @@ def _parse_model(entry: Any, index: int) -> CatalogModel:
             raise CatalogError(f"{where}: field {k!r} must not be empty")
     return CatalogModel(
         id=mid, name=str(entry.get("name", mid)), repo=repo, gated=gated, files=files,
-        default_quant=default_quant, **strs, **ints,
+        default_quant=default_quant, **strs, **ints, **_arch_facts(entry, ints, where),
     )  # fmt: skip
+
+
+def _arch_facts(entry: Mapping[str, Any], ints: Mapping[str, int], where: str) -> dict[str, Any]:
+    """The optional architecture fields, checked against each other and the required ones."""
+    facts: dict[str, Any] = {}
+    for k in ("active_params", "experts", "experts_used", "kv_layers", "sliding_window", "sliding_layers",
+              "recurrent_state"):  # fmt: skip
+        if k in entry:
+            value = _get(entry, k, int, where)
+            if value < 0 or (value == 0 and k not in ("kv_layers", "recurrent_state")):
+                need = "must not be negative" if k in ("kv_layers", "recurrent_state") else "must be positive"
+                raise CatalogError(f"{where}: field {k!r} {need}, got {value}")
+            facts[k] = value
+    if ("experts" in facts) != ("experts_used" in facts):
+        raise CatalogError(f"{where}: 'experts' and 'experts_used' go together")
+    if facts.get("experts_used", 0) > facts.get("experts", 0):
+        raise CatalogError(f"{where}: 'experts_used' ({facts['experts_used']}) exceeds 'experts'")
+    if facts.get("active_params", 0) > ints["params"]:
+        raise CatalogError(f"{where}: 'active_params' exceeds 'params'")
+    kv_layers = facts.get("kv_layers", ints["n_layers"])
+    if kv_layers > ints["n_layers"]:
+        raise CatalogError(f"{where}: 'kv_layers' ({kv_layers}) exceeds 'n_layers'")
+    if ("sliding_window" in facts) != ("sliding_layers" in facts):
+        raise CatalogError(f"{where}: 'sliding_window' and 'sliding_layers' go together")
+    if facts.get("sliding_layers", 0) > kv_layers:
+        raise CatalogError(f"{where}: 'sliding_layers' exceeds the layers with a KV cache ({kv_layers})")
+    arch = str(entry.get("architecture", ""))
+    if memory_kind(arch) in (MemoryKind.HYBRID, MemoryKind.RECURRENT) and not facts.get("recurrent_state"):
+        raise CatalogError(f"{where}: a {memory_kind(arch).value} model needs 'recurrent_state' (bytes)")
+    sources = entry.get("sources", [])
+    if not isinstance(sources, list) or not all(isinstance(u, str) and u.strip() and "\n" not in u
+                                                for u in sources):  # fmt: skip
+        raise CatalogError(f"{where}: 'sources' must be a list of one-line strings")
+    return {**facts, "sources": tuple(u.strip() for u in sources)}
 
 
 def _parse_pair(entry: Any, index: int, models: Mapping[str, CatalogModel]) -> Pair:

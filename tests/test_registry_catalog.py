@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from app.gguf.arch import MemoryKind, Rollback
+from app.gguf.memory import RECURRENT_SNAPSHOTS
 from app.gguf.split import part_names, split_info
 from models_registry.catalog import (
     CatalogError,
@@ -205,3 +209,89 @@ def test_validators_directly() -> None:
     for bad in ("a/../b.gguf", "a//b.gguf", "./b.gguf"):
         with pytest.raises(CatalogError):
             validate_filename(bad, allow_subfolder=True)
+
+
+def with_facts(arch: str = "llama", extra: str = "", draft_arch: str = "llama") -> str:
+    """The minimal catalog with the target's architecture and extra fields replaced."""
+    big, small = text().split("[[model]]")[1:3]
+    big = big.replace('architecture = "llama"', f'architecture = "{arch}"\n{extra}')
+    small = small.replace('architecture = "llama"', f'architecture = "{draft_arch}"')
+    return "[[model]]" + big + "[[model]]" + small
+
+
+def test_optional_architecture_facts() -> None:
+    cat = loads_catalog(with_facts())
+    big = cat.model("big")
+    assert (big.active_params, big.kv_layers, big.experts, big.sliding_window, big.recurrent_state) == (
+        100, 2, 0, 0, 0,
+    )  # fmt: skip
+    assert big.memory is MemoryKind.ATTENTION and big.rollback is Rollback.TRIM and not big.moe
+    moe = loads_catalog(with_facts("qwen3moe", "active_params = 30\nexperts = 128\nexperts_used = 8\n"
+                                   'sources = ["https://huggingface.co/acme/Big"]'))  # fmt: skip
+    m = moe.model("big")
+    assert (m.active_params, m.experts, m.experts_used, m.moe) == (30, 128, 8, True)
+    assert m.sources == ("https://huggingface.co/acme/Big",)
+    swa = loads_catalog(with_facts("gemma3", "sliding_window = 1024\nsliding_layers = 1")).model("big")
+    assert swa.memory is MemoryKind.SLIDING_WINDOW and swa.rollback is Rollback.TRIM
+    hybrid = loads_catalog(with_facts("qwen35", "kv_layers = 1\nrecurrent_state = 4096"))
+    h = hybrid.model("big")
+    assert (h.kv_layers, h.recurrent_state, h.memory, h.rollback) == (
+        1, 4096, MemoryKind.HYBRID, Rollback.SNAPSHOT,
+    )  # fmt: skip
+    rec = loads_catalog(with_facts("mamba", "kv_layers = 0\nrecurrent_state = 4096")).model("big")
+    assert rec.kv_layers == 0 and rec.rollback is Rollback.CHECKPOINT
+
+
+@pytest.mark.parametrize(
+    ("arch", "extra", "match"),
+    [
+        ("llama", "experts = 8", "'experts' and 'experts_used' go together"),
+        ("llama", "experts = 8\nexperts_used = 9", "'experts_used' \\(9\\) exceeds 'experts'"),
+        ("llama", "experts = 0\nexperts_used = 0", "'experts' must be positive"),
+        ("llama", "active_params = 101", "'active_params' exceeds 'params'"),
+        ("llama", "active_params = true", "'active_params' must be an integer, got a boolean"),
+        ("llama", "kv_layers = 3", "'kv_layers' \\(3\\) exceeds 'n_layers'"),
+        ("llama", "kv_layers = -1", "'kv_layers' must not be negative"),
+        ("llama", "sliding_window = 512", "'sliding_window' and 'sliding_layers' go together"),
+        ("gemma3", "sliding_window = 512\nsliding_layers = 3", "'sliding_layers' exceeds the layers"),
+        ("qwen35", "kv_layers = 1", "a hybrid model needs 'recurrent_state'"),
+        ("mamba2", "kv_layers = 0", "a recurrent model needs 'recurrent_state'"),
+        ("llama", "recurrent_state = -4", "'recurrent_state' must not be negative"),
+        ("llama", 'sources = "https://x"', "'sources' must be a list of one-line strings"),
+        ("llama", 'sources = [""]', "'sources' must be a list"),
+    ],
+)
+def test_broken_architecture_facts_rejected(arch: str, extra: str, match: str) -> None:
+    with pytest.raises(CatalogError, match=match):
+        loads_catalog(with_facts(arch, extra))
+
+
+def test_pair_drafting_in_the_catalog_data() -> None:
+    cat = loads_catalog(with_facts("qwen35", "kv_layers = 1\nrecurrent_state = 4096"))
+    data = cat.to_data()
+    assert data["models"]["big"]["memory"] == "hybrid" and data["models"]["big"]["moe"] is False
+    assert data["models"]["big"]["kv_layers"] == 1 and data["models"]["small"]["rollback"] == "trim"
+    assert data["models"]["big"]["sources"] == []
+    drafting = data["pairs"][0]["drafting"]
+    assert drafting == {
+        "target_memory": "hybrid", "draft_memory": "attention", "target_rollback": "snapshot",
+        "draft_rollback": "trim", "longest_snapshot_draft": RECURRENT_SNAPSHOTS,
+        "sources": ["draft model", "prompt lookup", "drafting history"],
+    }  # fmt: skip
+    json.dumps(data)  # JSON-ready
+    d = cat.drafting(cat.pair("p"))
+    assert "up to 16 tokens a round" in d.words and "; the draft model by trimming its KV cache" in d.words
+    assert d.words.startswith("drafting: draft model, prompt lookup, drafting history; target rolls back by")
+    plain = loads_catalog(text()).drafting(loads_catalog(text()).pair("p"))
+    assert plain.longest_snapshot_draft is None and "any draft length" in plain.words
+    ck = loads_catalog(with_facts("mamba", "kv_layers = 0\nrecurrent_state = 64")).to_data()
+    assert ck["pairs"][0]["drafting"]["longest_snapshot_draft"] == 0
+
+
+def test_real_catalog_facts_are_consistent() -> None:
+    for m in default_catalog().models.values():
+        assert m.active_params <= m.params and m.kv_layers <= m.n_layers, m.id
+        assert (m.recurrent_state > 0) == (m.memory in (MemoryKind.HYBRID, MemoryKind.RECURRENT)), m.id
+        assert m.moe == (m.experts > 1), m.id
+    for p in default_catalog().pairs:
+        assert default_catalog().drafting(p).sources == ("draft model", "prompt lookup", "drafting history")

@@ -21,6 +21,10 @@ KV_BYTES_PER_ELEMENT = 2  # llama.cpp's default f16 cache
 COMPUTE_BUFFER = 384 * MiB
 RUNTIME_OVERHEAD = 512 * MiB  # backend context, scratch buffers and the process, once per pair
 GPU_RESERVE = 512 * MiB  # VRAM left to the display and the driver on a discrete GPU
+RECURRENT_SNAPSHOTS = 16
+"""Per-token recurrent-state snapshots the engine keeps per sequence (``n_rs_seq``) for the
+architectures in `app.gguf.arch.SNAPSHOTS`: a rejected draft of up to this many tokens rolls back by
+snapshot; a longer one by checkpoint and replay."""
 
 
 def kv_cache_bytes(

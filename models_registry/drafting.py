@@ -1,0 +1,94 @@
+"""What drafting a target/draft pair supports, by the memory of its two models.
+
+Every pair drafts from all three sources (a draft model, prompt lookup, the drafting history); what
+differs is how a rejected draft is undone (`app.gguf.arch.Rollback`) and so the longest draft a round
+rolls back cheaply:
+
+- TRIM (attention, sliding window): the rejected positions leave the KV cache; any length.
+- SNAPSHOT (recurrent layers with per-token snapshots): up to `RECURRENT_SNAPSHOTS` tokens a round;
+  beyond that the engine restores a checkpoint and replays the accepted tokens.
+- CHECKPOINT (other recurrent layers): a checkpoint before each verify, restored and replayed.
+
+Works on anything with ``memory`` and ``rollback`` (`app.gguf.arch.ArchFacts`, a catalog model).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from app.gguf.arch import MemoryKind, Rollback
+from app.gguf.memory import RECURRENT_SNAPSHOTS
+
+__all__ = ["SOURCES", "PairDrafting", "pair_drafting", "rollback_limit", "rollback_words"]
+
+#: the drafting sources; every pair supports all of them
+SOURCES = ("draft model", "prompt lookup", "drafting history")
+
+
+class _Memory(Protocol):
+    @property
+    def memory(self) -> MemoryKind: ...
+
+    @property
+    def rollback(self) -> Rollback: ...
+
+
+def rollback_limit(rollback: Rollback) -> int | None:
+    """The longest draft rolled back without a checkpoint: None for any length, 0 for none."""
+    return {Rollback.TRIM: None, Rollback.SNAPSHOT: RECURRENT_SNAPSHOTS, Rollback.CHECKPOINT: 0}[rollback]
+
+
+def rollback_words(rollback: Rollback) -> str:
+    """How a rejected draft is undone, in a few words."""
+    if rollback is Rollback.TRIM:
+        return "trimming its KV cache (any draft length)"
+    if rollback is Rollback.SNAPSHOT:
+        return (
+            f"recurrent-state snapshots (up to {RECURRENT_SNAPSHOTS} tokens a round; "
+            "longer drafts by checkpoint and replay)"
+        )
+    return "checkpoint and replay (the state is restored and the accepted tokens decoded again)"
+
+
+@dataclass(frozen=True)
+class PairDrafting:
+    """A pair's drafting facts: each model's memory kind and rollback, and the sources it drafts from."""
+
+    target_memory: MemoryKind
+    draft_memory: MemoryKind
+    target_rollback: Rollback
+    draft_rollback: Rollback
+    sources: tuple[str, ...] = SOURCES
+
+    @property
+    def longest_snapshot_draft(self) -> int | None:
+        """The longest draft the pair rolls back by trimming or snapshots (None: any length): the target's
+        limit, and the draft model's own for its drafts."""
+        limits = (rollback_limit(self.target_rollback), rollback_limit(self.draft_rollback))
+        return min((n for n in limits if n is not None), default=None)
+
+    @property
+    def words(self) -> str:
+        """One line: the sources, then how the target (and the draft, where it differs) rolls back."""
+        line = f"drafting: {', '.join(self.sources)}; "
+        line += f"target rolls back by {rollback_words(self.target_rollback)}"
+        if self.draft_rollback is not self.target_rollback:
+            line += f"; the draft model by {rollback_words(self.draft_rollback)}"
+        return line
+
+    def to_data(self) -> dict[str, Any]:
+        """JSON-ready data (enum values as strings)."""
+        return {
+            "target_memory": self.target_memory.value,
+            "draft_memory": self.draft_memory.value,
+            "target_rollback": self.target_rollback.value,
+            "draft_rollback": self.draft_rollback.value,
+            "longest_snapshot_draft": self.longest_snapshot_draft,
+            "sources": list(self.sources),
+        }
+
+
+def pair_drafting(target: _Memory, draft: _Memory) -> PairDrafting:
+    """The drafting facts of a target and a draft (`ArchFacts` or catalog models)."""
+    return PairDrafting(target.memory, draft.memory, target.rollback, draft.rollback)
