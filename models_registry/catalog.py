@@ -132,14 +132,10 @@ class QuantFile:
 
 @dataclass(frozen=True)
 class CatalogModel:
-    """A model of the catalog, with what the memory and speed estimates need.
-
-    Optional architecture facts: ``active_params``, ``experts``, ``experts_used`` (a mixture of
-    experts); ``kv_layers`` (layers with a KV cache, default all); ``sliding_window`` and
-    ``sliding_layers`` (layers that see only the window); ``recurrent_state`` (bytes of one sequence's
-    recurrent state, f32, over all recurrent layers); ``sources`` (where the facts come from).
-    ``active_params`` 0 means ``params``, ``kv_layers`` -1 means ``n_layers``.
-    """
+    """A model of the catalog, with what the memory and speed estimates need. Optional: a mixture of
+    experts' ``active_params`` (0: ``params``), ``experts``, ``experts_used``; ``kv_layers`` (-1: all);
+    ``sliding_window``, ``sliding_layers``; ``recurrent_state`` (bytes of one sequence's state over its
+    recurrent layers, f32); ``sources`` (where the facts come from)."""
 
     id: str
     name: str
@@ -240,9 +236,7 @@ class Catalog:
         quantization, its file's repo, name, size and parts (a single file is its own one part)."""
         return {
             "schema": SCHEMA_VERSION,
-            "pairs": [
-                {**dataclasses.asdict(p), "drafting": self.drafting(p).to_data()} for p in self.pairs
-            ],
+            "pairs": [{**dataclasses.asdict(p), "drafting": self.drafting(p).to_data()} for p in self.pairs],
             "models": {m.id: _model_data(m) for m in self.models.values()},
         }
 

@@ -2,12 +2,15 @@
 
 Estimate of what a pair needs (all in bytes)::
 
-    weights  = size of both GGUF files (llama.cpp maps them whole)
-    KV cache = 2 (K and V) * n_layers * n_ctx * n_kv_heads * head_dim * 2 (f16), per model
-    compute  = COMPUTE_BUFFER per model (llama.cpp's graph buffers at n_batch=512, logits included)
-    overhead = RUNTIME_OVERHEAD once (backend context, scratch, process)
+    weights   = size of both GGUF files (llama.cpp maps them whole)
+    KV cache  = 2 (K and V) * n_kv_heads * head_dim * 2 (f16) * cells, over the layers with a KV cache
+                (`kv_layers`): n_ctx cells a full layer, min(n_ctx, window + 512) padded to 256 a
+                sliding-window one (`sliding_layers`)
+    recurrent = a hybrid or recurrent model's state (`recurrent_state`) * (1 + the engine's snapshots)
+    compute   = COMPUTE_BUFFER per model (llama.cpp's graph buffers at n_batch=512, logits included)
+    overhead  = RUNTIME_OVERHEAD once (backend context, scratch, process)
 
-Gemma 3's sliding-window layers need less KV than this formula says: the estimate errs on the safe side.
+(`app.gguf.memory` computes the same from a GGUF header.)
 The machine (RAM, cores, bandwidth, GPUs and their budgets) is `models_registry.machine`'s, re-exported.
 
 Speed (`pair_speed`): where the fit puts each model's layers, at the machine's bandwidths
@@ -22,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from app.gguf.memory import COMPUTE_BUFFER, RUNTIME_OVERHEAD, kv_cache_bytes
+from app.gguf.memory import COMPUTE_BUFFER, RUNTIME_OVERHEAD, kv_cache_bytes, recurrent_bytes
 
 from .catalog import Catalog, CatalogModel, Pair, QuantFile, default_catalog
 from .machine import (
@@ -97,15 +100,16 @@ class ModelNeed:
     compute: int
     n_layers: int
     n_ctx: int
+    recurrent: int = 0  # the recurrent state with the engine's snapshots
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv + self.compute
+        return self.weights + self.kv + self.recurrent + self.compute
 
     @property
     def per_layer(self) -> int:
-        """Weights + KV of one repeating layer (embeddings spread evenly: a slight overestimate)."""
-        return -(-(self.weights + self.kv) // self.n_layers)
+        """Weights, KV and state of one repeating layer (embeddings spread evenly: a slight overestimate)."""
+        return -(-(self.weights + self.kv + self.recurrent) // self.n_layers)
 
 
 def estimate_model(
@@ -118,9 +122,11 @@ def estimate_model(
     """Need of a catalog model; `n_ctx` is capped at the model's trained context."""
     ctx = min(n_ctx, model.context_length)
     size = weights if weights is not None else model.file(quant).size
+    kv = kv_cache_bytes(model.kv_layers, ctx, model.n_kv_heads, model.head_dim,
+                        sliding_layers=model.sliding_layers, sliding_window=model.sliding_window)  # fmt: skip
     return ModelNeed(
-        name=model.id, weights=size, kv=kv_cache_bytes(model.n_layers, ctx, model.n_kv_heads, model.head_dim),
-        compute=COMPUTE_BUFFER, n_layers=model.n_layers, n_ctx=ctx,
+        name=model.id, weights=size, kv=kv, compute=COMPUTE_BUFFER, n_layers=model.n_layers, n_ctx=ctx,
+        recurrent=recurrent_bytes(model.recurrent_state, model.architecture),
     )  # fmt: skip
 
 

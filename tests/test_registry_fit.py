@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
+import gguf
+import numpy as np
 import pytest
 
 from app.engine import Device
+from app.gguf import memory
+from app.gguf.layers import layer_layout
+from app.gguf.meta import GGUFMetadata
 from models_registry import bandwidth, fit, machine
 from models_registry.catalog import CatalogModel, QuantFile, default_catalog
 from models_registry.fit import Gpu, Machine
@@ -178,3 +186,136 @@ def test_recommendation_by_speed() -> None:
     assert cat.model(best.pair.target).params == max(comfy)
 
     assert fit.recommend(Machine(2 * GiB, 1 * GiB, 2)) is None
+
+
+# ------------------------------------------------------------------ layers: hybrid, recurrent, windows
+
+
+def header(arch: str, **kv: object) -> GGUFMetadata:
+    """A header of `arch` with ``<arch>.<key>`` values (dots written as __)."""
+    keys = {f"{arch}.{k.replace('__', '.')}": v for k, v in kv.items()}
+    return GGUFMetadata(version=3, n_tensors=0, kv={"general.architecture": arch, **keys}, bytes_read=0)
+
+
+def test_swa_cells_follow_llama_cpp() -> None:
+    # pad(min(n_ctx, window + n_ubatch 512), 256)
+    assert memory.swa_cells(8192, 1024) == 1536 and memory.swa_cells(1000, 1024) == 1024
+    assert memory.swa_cells(32768, 4096) == 4608 and memory.swa_cells(4096, 128) == 768
+    # 2 of 4 layers slide: 2 * 8192 + 2 * 1536 cells of 1 head * (64 + 64) * 2 bytes
+    assert fit.kv_cache_bytes(4, 8192, 1, 64, sliding_layers=2, sliding_window=1024) == (
+        (2 * 8192 + 2 * 1536) * 256
+    )
+
+
+def test_plain_attention_header_as_before() -> None:
+    meta = header("llama", block_count=32, attention__head_count=32, attention__head_count_kv=8,
+                  embedding_length=4096)  # fmt: skip
+    fp = memory.footprint(meta, 10, 4096)
+    assert (fp.kv, fp.recurrent, fp.n_layer) == (fit.kv_cache_bytes(32, 4096, 8, 128), 0, 32)
+
+
+def test_qwen35_hybrid_header() -> None:
+    meta = header(
+        "qwen35", block_count=24, attention__head_count=8, attention__head_count_kv=2,
+        attention__key_length=256, attention__value_length=256, embedding_length=1024,
+        ssm__conv_kernel=4, ssm__inner_size=2048, ssm__state_size=128, ssm__group_count=16,
+        ssm__time_step_rank=16, full_attention_interval=4,
+    )  # fmt: skip
+    lay = layer_layout(meta)
+    assert (lay.kv_layers, lay.recurrent_layers, lay.sliding_layers) == (6, 18, 0)  # every 4th attends
+    # n_embd_r = (4 - 1) * (2048 + 2 * 16 * 128) = 18432, n_embd_s = 128 * 2048 = 262144; f32, 18 layers
+    assert lay.recurrent_state == (18432 + 262144) * 4 * 18 == 20_201_472
+    fp = memory.footprint(meta, 1000, 4096)
+    assert fp.kv == 6 * 4096 * 2 * (256 + 256) * 2 == 50_331_648
+    assert fp.recurrent == 20_201_472 * (1 + memory.RECURRENT_SNAPSHOTS) == 343_425_024
+    assert memory.footprint(meta, 1000, 4096, snapshots=0).recurrent == 20_201_472
+    assert fp.total == 1000 + 50_331_648 + 343_425_024 + memory.COMPUTE_BUFFER
+    # an explicit per-layer list of recurrent layers wins over the interval
+    listed = GGUFMetadata(3, 0, {**meta.kv, "qwen35.attention.recurrent_layers": [True, False] * 12}, 0)
+    assert (layer_layout(listed).kv_layers, layer_layout(listed).recurrent_layers) == (12, 12)
+
+
+def test_nemotron_h_per_layer_arrays() -> None:
+    # recurrent: no KV heads and no feed-forward; attention: KV heads; MLP layers hold nothing
+    meta = header(
+        "nemotron_h", block_count=6, attention__head_count=8, attention__head_count_kv=[0, 0, 2, 0, 0, 0],
+        feed_forward_length=[0, 1024, 0, 0, 1024, 0], attention__key_length=128,
+        attention__value_length=128, embedding_length=1024, ssm__conv_kernel=4, ssm__inner_size=1024,
+        ssm__state_size=64, ssm__group_count=8,
+    )  # fmt: skip
+    lay = layer_layout(meta)
+    assert (lay.kv_layers, lay.recurrent_layers) == (1, 3)
+    # (3 * (1024 + 2 * 8 * 64) + 64 * 1024) * 4 bytes * 3 layers
+    assert lay.recurrent_state == (6144 + 65536) * 4 * 3 == 860_160
+    assert memory.footprint(meta, 0, 1000).kv == 1000 * 2 * 256 * 2
+
+
+def test_recurrent_headers() -> None:
+    mamba2 = header("mamba2", block_count=4, embedding_length=768, ssm__conv_kernel=4, ssm__inner_size=1536,
+                    ssm__state_size=128, ssm__group_count=1)  # fmt: skip
+    fp = memory.footprint(mamba2, 0, 4096)
+    # (3 * (1536 + 2 * 128) + 128 * 1536) * 4 bytes * 4 layers; mamba2 keeps no snapshots
+    assert (fp.kv, fp.recurrent) == (0, (5376 + 196608) * 4 * 4)
+    rwkv = header("rwkv7", block_count=2, embedding_length=512, wkv__head_size=64)
+    assert layer_layout(rwkv).recurrent_state == (2 * 512 + 512 * 64) * 4 * 2 == 270_336
+    lfm2 = header("lfm2", block_count=4, attention__head_count=16, attention__head_count_kv=[0, 0, 8, 0],
+                  embedding_length=1024, shortconv__l_cache=3)  # fmt: skip
+    lay = layer_layout(lfm2)
+    assert (lay.kv_layers, lay.recurrent_state) == (1, 1024 * 2 * 4 * 3)
+    assert memory.footprint(lfm2, 0, 100).recurrent == 1024 * 2 * 4 * 3 * 17
+
+
+def test_sliding_window_headers() -> None:
+    gemma3 = header("gemma3", block_count=12, attention__head_count=8, attention__head_count_kv=4,
+                    attention__key_length=256, attention__value_length=256, attention__sliding_window=1024,
+                    embedding_length=2048)  # fmt: skip
+    lay = layer_layout(gemma3)
+    assert (lay.kv_layers, lay.sliding_layers, lay.sliding_window) == (12, 10, 1024)  # layers 5, 11 global
+    assert memory.footprint(gemma3, 0, 8192).kv == (2 * 8192 + 10 * 1536) * 4 * 512 * 2 == 130_023_424
+    no_window = header("gemma3", **{k.split(".", 1)[1].replace(".", "__"): v for k, v in gemma3.kv.items()
+                                    if k.startswith("gemma3.") and "sliding" not in k})  # fmt: skip
+    assert layer_layout(no_window).sliding_layers == 0  # llama.cpp slides only with the header's window
+    oss = header("gpt-oss", block_count=4, attention__head_count=64, attention__head_count_kv=8,
+                 attention__key_length=64, attention__value_length=64,
+                 attention__sliding_window=128)  # fmt: skip
+    assert (layer_layout(oss).sliding_layers, memory.footprint(oss, 0, 4096).kv) == (
+        2, (2 * 4096 + 2 * 768) * 8 * 128 * 2,
+    )  # fmt: skip
+    listed = header("gemma4", block_count=3, attention__head_count_kv=1, attention__key_length=64,
+                    attention__sliding_window=512,
+                    attention__sliding_window_pattern=[True, True, False])  # fmt: skip
+    assert layer_layout(listed).sliding_layers == 2
+
+
+def test_written_header_with_per_layer_kv_heads(tmp_path: Path) -> None:
+    """A real GGUF file: granitehybrid with ``head_count_kv`` as a per-layer array (0: a Mamba2 layer)."""
+    w = gguf.GGUFWriter(str(tmp_path / "h.gguf"), "granitehybrid")
+    w.add_block_count(4)
+    w.add_embedding_length(512)
+    w.add_head_count(8)
+    w.add_head_count_kv([0, 4, 0, 0])
+    w.add_ssm_conv_kernel(4)
+    w.add_ssm_inner_size(1024)
+    w.add_ssm_state_size(64)
+    w.add_ssm_group_count(1)
+    w.add_tensor("t", np.zeros(4, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    fp = memory.file_footprint(tmp_path / "h.gguf", 2048)
+    # one attention layer: 4 heads * (64 + 64); 3 Mamba2 layers of (3 * (1024 + 128) + 64 * 1024) f32
+    assert fp.kv == 2048 * 4 * 128 * 2
+    assert fp.recurrent == (3456 + 65536) * 4 * 3  # granitehybrid keeps no snapshots
+
+
+def test_catalog_hybrid_and_window_estimates() -> None:
+    base = dict(layers=24, kv_heads=2, head_dim=256, ctx=262144, size=500_000_000, params=800_000_000)
+    hybrid = dataclasses.replace(model("h", **base), architecture="qwen35", kv_layers=6,
+                                 recurrent_state=20_201_472)  # fmt: skip
+    need = fit.estimate_model(hybrid, n_ctx=4096)
+    assert need.kv == 50_331_648 and need.recurrent == 20_201_472 * 17
+    assert need.total == 500_000_000 + 50_331_648 + 20_201_472 * 17 + fit.COMPUTE_BUFFER
+    swa = dataclasses.replace(model("s", **base), architecture="gemma3", sliding_window=1024,
+                              sliding_layers=20)  # fmt: skip
+    assert fit.estimate_model(swa, n_ctx=8192).kv == (4 * 8192 + 20 * 1536) * 2 * 512 * 2
