@@ -89,6 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompt-file", type=Path, help="read the prompt from a file ('-' for stdin)")
     gen.add_argument("--json", action="store_true", help="print one JSON object at the end instead")
+    gen.add_argument(
+        "--compare-plain",
+        action="store_true",
+        help="then generate the same reply by plain decoding and show where the two part, with the "
+        "target's top-two logit gap there (a gap under 0.5 is a numerical tie)",
+    )
 
     bench = sub.add_parser("bench", help="benchmark every mode on a prompt set (see bench/run.py)")
     from bench.run import add_arguments as add_bench_arguments
@@ -196,6 +202,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 finished = event
         assert finished is not None
         cancelled = finished.reason == "cancelled"
+        compared = None
+        if args.compare_plain and not cancelled:
+            compared = _compare_plain(client, prompt, settings, finished)
         if args.json:
             out = {
                 "text": finished.text,
@@ -206,6 +215,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 "engine": info.to_dict(),
                 "placement": info.placement(),
             }
+            if compared is not None:
+                out["plain_comparison"] = compared
             print(json.dumps(out, ensure_ascii=False))
         else:
             sys.stdout.write(finished.text[streamed:])  # text held back until the end, if any
@@ -218,6 +229,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 f"finish: {finished.reason}",
                 file=sys.stderr,
             )
+            if s.drafting_off is not None:
+                print("[not drafting: the target's memory cannot undo a rejected draft]", file=sys.stderr)
+            if compared is not None:
+                print(f"[{_comparison_words(compared)}]", file=sys.stderr)
     except EngineCrashedError as e:
         return _fail(str(e), 3)
     except (ValueError, LlamaError, EngineError, PromptTooLongError) as e:
@@ -228,6 +243,49 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if not cancelled:
         _record_speed(args, load, info, finished.stats)
     return 130 if cancelled else 0
+
+
+#: a top-two logit gap under this is a numerical tie: batched and single-token evaluation can round
+#: either way there (the benchmarks' threshold)
+TIE_GAP = 0.5
+
+
+def _compare_plain(client: Any, prompt: list[int], settings: Any, finished: Any) -> dict[str, Any]:
+    """Generate the same reply by plain decoding and say where the two part, and how close the
+    target's call was there."""
+    from dataclasses import replace
+
+    from app.engine import Finished
+
+    plain = None
+    for event in client.generate(prompt=prompt, settings=replace(settings, mode="plain")):
+        if isinstance(event, Finished):
+            plain = event
+    assert plain is not None
+    a, b = list(finished.tokens), list(plain.tokens)
+    j = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+    if j is None and len(a) != len(b):
+        j = min(len(a), len(b))
+    out: dict[str, Any] = {
+        "identical": j is None,
+        "greedy": settings.sampling.greedy,
+        "plain_tokens": b,
+        "plain_text": plain.text,
+    }
+    if j is not None:
+        gap = client.top2_gap([*prompt, *b[:j]])
+        out.update(first_difference=j, top2_gap=gap, tie=gap < TIE_GAP)
+    return out
+
+
+def _comparison_words(c: dict[str, Any]) -> str:
+    if c["identical"]:
+        return "the same tokens as plain decoding"
+    j, gap = c["first_difference"] + 1, c["top2_gap"]
+    text = f"left plain decoding's text at token {j}, top-two logit gap {gap:.2f}"
+    if not c["greedy"]:
+        return text + " (sampled: replies differ by chance; compare with --temperature 0)"
+    return text + (": a numerical tie" if c["tie"] else ": NOT a tie, please report it")
 
 
 #: replies shorter than this say too little about a model's speed to be kept

@@ -808,7 +808,7 @@ def test_accepted_draft_tokens_are_not_counted_as_catch_up(tiny_pair) -> None:
         drafted = [e for e in evs if isinstance(e, Step) and e.n_drafted]
         assert drafted and any(e.n_accepted for e in drafted)
         text = [*prompt, *evs[-1].tokens]
-        keep = common_prefix(model._cached, text)
+        keep = common_prefix(model.seq.tokens, text)
         assert model.pending(text) == max(1, len(text) - keep) <= 2
 
 

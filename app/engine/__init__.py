@@ -20,6 +20,7 @@ from app.engine.process.errors import EngineCrashedError, RemoteError
 from app.engine.process.turns import QueueFull, Ticket, TurnQueue
 from app.engine.sampling import SamplingError, SamplingParams
 from app.engine.settings import MODES, GenerationSettings, LoadSettings, parse_gpu_layers
+from app.gguf.arch import MemoryKind, Rollback
 
 __all__ = [
     "MODES",
@@ -40,6 +41,7 @@ __all__ = [
     "IncompatibleDraftError",
     "LlamaError",
     "LoadSettings",
+    "MemoryKind",
     "ModelInfo",
     "ModelLoadError",
     "Offload",
@@ -47,6 +49,7 @@ __all__ = [
     "PromptTooLongError",
     "QueueFull",
     "RemoteError",
+    "Rollback",
     "SamplingError",
     "SamplingParams",
     "Source",

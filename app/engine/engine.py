@@ -29,11 +29,20 @@ from app.engine.llama import (
     supports_gpu_offload,
 )
 from app.engine.offload import OffloadPlan, gpu_device, load_with_fewer_layers, plan_offload
-from app.engine.policy import AdaptivePolicy, DraftPolicy, FixedPolicy, PassPolicy, PlainPolicy
+from app.engine.policy import (
+    AdaptivePolicy,
+    DraftPolicy,
+    FixedPolicy,
+    NoRollbackPolicy,
+    PassPolicy,
+    PlainPolicy,
+)
+from app.engine.sequence import MemoryInfo, probe_rollback
 from app.engine.settings import MODES, GenerationSettings, LoadSettings
 from app.engine.speculative import TargetCache, generate
 from app.gguf import compat
-from app.gguf.memory import Footprint, file_footprint
+from app.gguf.arch import MemoryKind, Rollback
+from app.gguf.memory import RECURRENT_SNAPSHOTS, Footprint, file_footprint
 from app.gguf.meta import GGUFError, read_metadata_file
 from app.gguf.split import first_part, missing_parts, split_info
 
@@ -93,10 +102,14 @@ class Engine:
                     "draft", draft_path, self.plan.draft_layers, self._target_ctx.n_ctx, progress, retry=False
                 )
             self._cache = TargetCache(self._target_ctx)
+            self.memory = probe_rollback(self._target_ctx)
+            draft_memory = probe_rollback(self._draft_ctx) if self._draft_ctx is not None else None
         except BaseException:
             self.close()
             raise
-        self._model_drafter = ModelDrafter(self._draft_ctx) if self._draft_ctx else None
+        self.draft_memory = draft_memory
+        usable = draft_memory is not None and draft_memory.rollback is not Rollback.NONE
+        self._model_drafter = ModelDrafter(self._draft_ctx) if self._draft_ctx and usable else None
         if self._keeper is not None:  # a copy from the history ends before a turn marker, as lookup's
             self._keeper.drafter.stops = self.target.control_tokens
         # auto mode's cost measurements belong to this loaded pair on this machine: keep them
@@ -134,6 +147,10 @@ class Engine:
         )
 
     def _context(self, model: Model, n_ctx: int, *, draft: bool = False) -> Context:
+        """A context for one model. The target keeps per-token recurrent snapshots (where its
+        architecture has them) so a rejected draft is undone without evaluating anything again; the
+        draft drafts one token at a time, which snapshots cannot undo, and keeps a full-size
+        sliding-window cache instead (small for a small model) so any of its tokens can be removed."""
         s = self.settings
         return Context(
             model,
@@ -141,6 +158,8 @@ class Engine:
             n_batch=s.n_batch,
             n_threads=(s.n_threads_draft or s.n_threads) if draft else s.n_threads,
             flash_attn=s.flash_attn,
+            n_rs_seq=0 if draft else RECURRENT_SNAPSHOTS,
+            swa_full=draft,
         )
 
     def _load(
@@ -190,7 +209,12 @@ class Engine:
         1.5B: a batch of 4 costs 1.7x one token with the last row's logits only, 2.1-2.9x with all
         four).
         """
-        tok = self.target.bos if self.target.bos >= 0 else 0
+        # varied tokens, as in real text: a mixture of experts routes each token to its own experts,
+        # so a batch of one token repeated would read only one token's experts
+        rng = np.random.default_rng(0)
+        text = [int(t) for t in rng.integers(0, self.target.n_vocab, size=max(self.WARM_UP_BATCHES) + 1)]
+        tok = text[0]
+        seq = self._cache
         sizes = [b for b in self.WARM_UP_BATCHES if 1 < b <= self._target_ctx.n_ctx // 2]
         order = [1]
         for j in range(0, len(sizes), 2):
@@ -198,9 +222,9 @@ class Engine:
         timed: list[tuple[int, float]] = []
         for i, batch in enumerate((1, 4, *order)):
             t0 = time.perf_counter()
-            self._target_ctx.decode([tok] * batch, 0, logits="all")
+            seq.verify_batch(tok, text[1:batch])  # with a checkpoint where such a draft needs one
             dt = time.perf_counter() - t0
-            self._target_ctx.trim(0)
+            seq.reset()
             if i >= 2:
                 timed.append((batch, dt))
         for batch, dt in sorted(timed, key=lambda x: x[0] > 1):  # the steps first, then the batches
@@ -211,7 +235,7 @@ class Engine:
                 self._draft_ctx.decode([tok], 0, logits="last")
                 if i:
                     self.costs.observe_draft(1, time.perf_counter() - t0)
-                self._draft_ctx.trim(0)
+                self._draft_ctx.clear()
 
     # -- prompts ------------------------------------------------------------------------------------
     def tokenize(self, text: str) -> list[int]:
@@ -235,9 +259,16 @@ class Engine:
         return self._target_ctx.n_ctx
 
     # -- generation ---------------------------------------------------------------------------------
+    @property
+    def can_draft(self) -> bool:
+        """Whether the target's memory can undo a rejected draft (else every mode decodes plainly)."""
+        return self.memory.rollback is not Rollback.NONE
+
     def _policy(self, gs: GenerationSettings) -> DraftPolicy:
         if gs.mode == "plain":
             return PlainPolicy()
+        if not self.can_draft:
+            return NoRollbackPolicy()
         if gs.mode == "auto":
             return PassPolicy()  # the AutoDrafter chooses k (and sees how much of the reply is left)
         if gs.adaptive:
@@ -245,7 +276,7 @@ class Engine:
         return FixedPolicy(gs.n_max)
 
     def _drafter(self, gs: GenerationSettings) -> Drafter | None:
-        if gs.mode == "plain":
+        if gs.mode == "plain" or not self.can_draft:
             return None
         if gs.mode == "lookup":
             return LookupDrafter(stops=self.target.control_tokens)
@@ -336,12 +367,12 @@ class Engine:
         """What is loaded, where, and how big (for the CLI, the status bar and bug reports)."""
         draft = None
         if self.draft is not None and self._draft_ctx is not None:
-            draft = _model_info(self.draft, self._draft_ctx)
+            draft = _model_info(self.draft, self._draft_ctx, self.draft_memory)
         return EngineInfo(
             backend=backend_name(),
             devices=tuple(devices()),
             n_ctx=self.n_ctx,
-            target=_model_info(self.target, self._target_ctx),
+            target=_model_info(self.target, self._target_ctx, self.memory),
             draft=draft,
             gpu_offload=supports_gpu_offload(),
         )
@@ -400,7 +431,14 @@ def _model_path(path: str) -> Path:
     return check_model_file(first)
 
 
-def _model_info(model: Model, ctx: Context) -> ModelInfo:
+def _model_info(model: Model, ctx: Context, memory: MemoryInfo | None) -> ModelInfo:
+    arch = model.meta("general.architecture") or ""
+    memory = memory or MemoryInfo(MemoryKind.ATTENTION, Rollback.TRIM)
+
+    def count(key: str) -> int:
+        value = model.meta(f"{arch}.{key}") or "0"
+        return int(value) if value.isdigit() else 0
+
     return ModelInfo(
         path=str(model.path),
         description=model.description(),
@@ -410,4 +448,11 @@ def _model_info(model: Model, ctx: Context) -> ModelInfo:
         n_vocab=model.n_vocab,
         offload=model.offload,
         n_threads=ctx.n_threads,
+        architecture=arch,
+        memory=memory.kind,
+        rollback=memory.rollback,
+        snapshots=memory.snapshots,
+        window=memory.window,
+        experts=count("expert_count"),
+        experts_used=count("expert_used_count"),
     )

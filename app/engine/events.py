@@ -26,6 +26,7 @@ class Action(str, Enum):
     DECLINED = "declined"  # drafting would not pay now (auto: the draft on offer is ``Decision.declined``)
     NO_MATCH = "no_match"  # nothing to draft from: prompt lookup found no match
     NO_ROOM = "no_room"  # the token budget or the context leaves no room to draft
+    NO_ROLLBACK = "no_rollback"  # the target's memory cannot undo a rejected draft: plain decoding
 
 
 class Policy(str, Enum):
@@ -125,6 +126,8 @@ class Stats:
     prompt_tokens_per_second: float
     decode_tokens_per_second: float
     python_share: float  # share of decode wall time not spent inside llama_decode
+    # why a reply asked to draft decoded plainly throughout (Action.NO_ROLLBACK), else None
+    drafting_off: Action | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -194,6 +197,9 @@ class StatsBuilder:
             prompt_tokens_per_second=_ratio(self.n_prompt_tokens - self.n_prompt_cached, self.t_prompt),
             decode_tokens_per_second=_ratio(n_gen, t_decode),
             python_share=max(0.0, 1.0 - _ratio(t_llama, t_decode)) if t_decode > 0 else 0.0,
+            drafting_off=Action.NO_ROLLBACK
+            if steps and all(s.decision.action is Action.NO_ROLLBACK for s in steps)
+            else None,
         )
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from app.gguf.arch import MemoryKind, Rollback
+
 
 @dataclass(frozen=True)
 class Device:
@@ -56,6 +58,13 @@ class ModelInfo:
     n_vocab: int
     offload: Offload
     n_threads: int
+    architecture: str = ""  # the GGUF's general.architecture
+    memory: MemoryKind = MemoryKind.ATTENTION
+    rollback: Rollback = Rollback.TRIM  # how a rejected draft is undone
+    snapshots: int = 0  # per-token recurrent snapshots kept (rollbacks up to this many are free)
+    window: int = 0  # sliding-window size of a window that reuses its cells (0: none)
+    experts: int = 0  # a mixture of experts: experts per layer (0: dense)
+    experts_used: int = 0  # experts each token uses
 
 
 @dataclass(frozen=True)

@@ -232,6 +232,10 @@ class Model:
         self.add_bos: bool = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
         self.add_eos: bool = bool(llama_cpp.llama_vocab_get_add_eos(self._vocab))
         self.vocab_type: int = llama_cpp.llama_vocab_type(self._vocab)
+        # what the model keeps of the text: a KV cache, a recurrent state, or both; a sliding window
+        self.is_recurrent: bool = bool(llama_cpp.llama_model_is_recurrent(handle))
+        self.is_hybrid: bool = bool(llama_cpp.llama_model_is_hybrid(handle))
+        self.n_swa: int = int(llama_cpp.llama_model_n_swa(handle))
         self._eog = np.zeros(self.n_vocab, dtype=bool)
         control = []
         for t in range(self.n_vocab):
@@ -355,7 +359,12 @@ class Context:
         n_threads: int | None = None,
         n_threads_batch: int | None = None,
         flash_attn: bool | None = None,
+        n_rs_seq: int = 0,
+        swa_full: bool = False,
     ):
+        """``n_rs_seq``: per-token snapshots of a recurrent state kept for rollback (llama.cpp keeps
+        them only for the architectures that support it, and reports 0 otherwise); ``swa_full``: a
+        full-size cache for sliding-window layers (any suffix can then be removed)."""
         self.model = model
         threads = n_threads or default_threads()
         params = llama_cpp.llama_context_default_params()
@@ -366,6 +375,8 @@ class Context:
         params.n_threads = threads
         params.n_threads_batch = n_threads_batch or threads
         params.no_perf = True
+        params.n_rs_seq = max(0, int(n_rs_seq)) if (model.is_recurrent or model.is_hybrid) else 0
+        params.swa_full = bool(swa_full)
         params.flash_attn_type = {
             None: llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
             True: llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
@@ -380,8 +391,13 @@ class Context:
         self.n_ctx: int = llama_cpp.llama_n_ctx(handle)
         self.n_batch: int = int(n_batch)
         self.n_threads = threads
+        self.n_ubatch: int = int(params.n_ubatch)
+        self.n_rs_seq: int = int(llama_cpp.llama_n_rs_seq(handle))
+        self.swa_full: bool = bool(swa_full) and model.n_swa > 0
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self._n_out = 0  # outputs (logit rows) of the last decode
+        self._state: ctypes.Array[ctypes.c_uint8] | None = None  # the one saved sequence state
+        self._state_size = 0
         self.n_vocab = model.n_vocab
 
     def decode(self, tokens: Sequence[int], pos0: int, *, logits: str | Sequence[bool] = "last") -> int:
@@ -436,11 +452,41 @@ class Context:
 
     def trim(self, pos: int) -> None:
         """Forget every cached position ``>= pos`` (KV-cache rollback)."""
-        if not llama_cpp.llama_memory_seq_rm(self._mem, 0, int(pos), -1):
+        if not self.remove(pos):
             raise LlamaError(f"could not remove KV positions from {pos}")
+
+    def remove(self, pos: int) -> bool:
+        """Try to forget every position ``>= pos``; False where the memory cannot (a recurrent state
+        without a snapshot that far back), and then nothing changed."""
+        return bool(llama_cpp.llama_memory_seq_rm(self._mem, 0, int(pos), -1))
+
+    def save_state(self) -> int:
+        """Keep a copy of the parts of the sequence's memory a rollback cannot trim (its recurrent
+        state, its sliding window) in this context's one checkpoint; returns its size in bytes."""
+        flags = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        size = llama_cpp.llama_state_seq_get_size_ext(self._handle, 0, flags)
+        if self._state is None or len(self._state) < size:
+            self._state = (ctypes.c_uint8 * size)()
+        n = llama_cpp.llama_state_seq_get_data_ext(self._handle, self._state, size, 0, flags)
+        if n == 0 and size:
+            raise LlamaError("could not save the sequence state")
+        self._state_size = int(n)
+        return self._state_size
+
+    def load_state(self) -> None:
+        """Put back the state ``save_state`` kept (the attention cache is left as it is)."""
+        if self._state is None:
+            raise LlamaError("no saved sequence state")
+        flags = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        if llama_cpp.llama_state_seq_set_data_ext(self._handle, self._state, self._state_size, 0, flags) == 0:
+            raise LlamaError("could not restore the sequence state")
 
     def clear(self) -> None:
         llama_cpp.llama_memory_clear(self._mem, True)
+
+    def pos_min(self) -> int:
+        """The lowest position the memory still holds (-1: none)."""
+        return int(llama_cpp.llama_memory_seq_pos_min(self._mem, 0))
 
     def n_cached(self) -> int:
         """Number of positions in the KV cache (max position + 1)."""

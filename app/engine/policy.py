@@ -35,6 +35,16 @@ class PlainPolicy:
         pass
 
 
+class NoRollbackPolicy:
+    """Plain decoding because the target's memory cannot undo a rejected draft."""
+
+    def choose(self, limit: int) -> Choice:
+        return Choice(0, Decision(Action.NO_ROLLBACK, Policy.PLAIN))
+
+    def observe(self, n_drafted: int, n_accepted: int) -> None:
+        pass
+
+
 class PassPolicy:
     """Hand the whole room to the drafter (auto mode's drafter chooses k itself)."""
 

@@ -17,36 +17,27 @@ import numpy as np
 
 from app.engine import sampling
 from app.engine.chat import StopMatcher, Utf8Stream
-from app.engine.drafting.base import EMPTY, Drafter, Outcome, Proposal, common_prefix
+from app.engine.drafting.base import EMPTY, Drafter, Outcome, Proposal
 from app.engine.errors import PromptTooLongError
-from app.engine.events import Action, Decision, Finished, Policy, Started, StatsBuilder, Step
-from app.engine.llama import Context
-from app.engine.policy import Choice, DraftPolicy
+from app.engine.events import Finished, Started, StatsBuilder, Step
+from app.engine.policy import DraftPolicy
 from app.engine.sampling import SamplingParams
+from app.engine.sequence import CachedSequence
 
-NO_DRAFTER = Choice(0, Decision(Action.PLAIN, Policy.PLAIN))
 
-
-class TargetCache:
-    """The target context and the tokens its KV cache holds (reused across requests by prefix)."""
-
-    def __init__(self, ctx: Context):
-        self.ctx = ctx
-        self.tokens: list[int] = []
+class TargetCache(CachedSequence):
+    """The target's context and the tokens its memory holds (reused across requests by prefix)."""
 
     def begin(self, prompt: Sequence[int]) -> int:
-        """Evaluate ``prompt[:-1]``, reusing the cached common prefix; returns tokens reused."""
-        keep = min(common_prefix(self.tokens, prompt), len(prompt) - 1)
-        self.rollback(keep)
-        self.ctx.decode(prompt[keep:-1], keep, logits="none")
-        self.tokens.extend(prompt[keep:-1])
-        return keep
+        """Evaluate ``prompt[:-1]``, reusing the held common prefix; returns tokens reused."""
+        return self.sync(prompt[:-1])
 
-    def rollback(self, n: int) -> None:
-        """Keep only the first ``n`` cached positions."""
-        if n < len(self.tokens) or self.ctx.n_cached() > n:
-            self.ctx.trim(n)
-        del self.tokens[n:]
+    def verify_batch(self, pending: int, draft: Sequence[int]) -> None:
+        """Evaluate ``[pending, *draft]`` with logits at every position, after saving a checkpoint
+        where the memory could not otherwise undo the draft."""
+        if draft and self.undo_reach(len(draft) + 1) < len(draft):
+            self.checkpoint()
+        self.extend([pending, *draft], logits="all")
 
 
 def verify(
@@ -146,14 +137,12 @@ def generate(
             t0, began = time.perf_counter(), time.monotonic()
             n = len(tokens)  # the pending token sits at position n - 1
             limit = max(0, min(max_tokens - (n - n_prompt) - 1, n_ctx - n))
-            choice = policy.choose(limit) if drafter is not None else NO_DRAFTER
+            choice = policy.choose(limit if drafter is not None else 0)
             proposal = drafter.propose(tokens, choice.k, params, rng) if drafter and choice.k else EMPTY
 
             t1 = time.perf_counter()
-            target.ctx.decode([tokens[-1], *proposal.tokens], n - 1, logits="all")
+            target.verify_batch(tokens[-1], proposal.tokens)
             t_llama_verify = time.perf_counter() - t1
-            target.tokens.append(tokens[-1])
-            target.tokens.extend(proposal.tokens)
             new, from_draft = verify(target.ctx.logits, tokens, proposal, params, rng)
             n_accepted = sum(from_draft)
             target.rollback(n + n_accepted)  # keep through the last accepted draft token

@@ -1,6 +1,7 @@
 """The draft-model drafter: a small model that shares the target's vocabulary, in its own context.
 
-Its KV cache stays in sync with the accepted text by decoding only the tokens it has not seen yet.
+Its memory stays in sync with the accepted text by decoding only the tokens it has not seen yet (on a
+recurrent or hybrid draft, a checkpoint taken before drafting undoes the rejected tokens).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from app.engine import sampling
 from app.engine.drafting.base import EMPTY, Outcome, Proposal, common_prefix
 from app.engine.events import Source
 from app.engine.sampling import SamplingParams
+from app.engine.sequence import CachedSequence
 
 if TYPE_CHECKING:
     from app.engine.llama import Context
@@ -30,44 +32,36 @@ class ModelDrafter:
     def __init__(self, ctx: Context, *, p_min: float = 0.0):
         self.ctx = ctx
         self.p_min = p_min
-        self._cached: list[int] = []  # tokens whose KV is in the draft context, in order
+        self.seq = CachedSequence(ctx)  # the tokens the draft's memory holds, in order
         self._stable = 0  # a prefix length known to agree with the caller's tokens
 
     def begin(self, prompt: Sequence[int], *, evaluate: bool = True) -> float:
-        """Reuse the cached common prefix; evaluate the rest now or (``evaluate=False``) lazily."""
+        """Reuse the held common prefix; evaluate the rest now or (``evaluate=False``) lazily."""
         t0 = time.perf_counter()
-        keep = common_prefix(self._cached, prompt)
-        self._trim(keep)
-        self._stable = keep
-        # Evaluate all but the last prompt token now, so the first round only decodes one token.
-        if evaluate and len(prompt) - 1 > keep:
-            self.ctx.decode(prompt[keep:-1], keep, logits="none")
-            self._cached.extend(prompt[keep:-1])
-        self._stable = len(self._cached)
+        if evaluate and len(prompt) > 1:
+            # all but the last prompt token now, so the first round only decodes one token
+            self.seq.sync(prompt[:-1])
+            self._stable = len(self.seq.tokens)
+        else:
+            keep = common_prefix(self.seq.tokens, prompt)
+            self._stable = self.seq.truncate(keep)
         return time.perf_counter() - t0
-
-    def _trim(self, n: int) -> None:
-        if n < len(self._cached):
-            self.ctx.trim(n)
-            del self._cached[n:]
 
     def pending(self, tokens: Sequence[int]) -> int:
         """How many of ``tokens`` the draft would have to evaluate before drafting (at least 1).
 
-        Draft tokens the target accepted are already in the draft's cache and do not count.
+        Draft tokens the target accepted are already in the draft's memory and do not count (but a
+        memory that cannot remove the rejected ones evaluates the accepted ones again).
         """
-        keep = common_prefix(self._cached, tokens, min(self._stable, len(self._cached)))
-        return max(1, len(tokens) - keep)
+        held = self.seq.tokens
+        keep = common_prefix(held, tokens, min(self._stable, len(held)))
+        return max(1, len(tokens) - self.seq.would_hold(min(keep, len(tokens) - 1)))
 
     def _sync(self, tokens: Sequence[int]) -> float:
-        """Bring the draft KV to ``tokens`` (decoding only unseen ones); leaves logits for the last."""
-        keep = common_prefix(self._cached, tokens, self._stable)
-        if keep == len(tokens):  # the last token's logits are needed again: re-evaluate it
-            keep -= 1
-        self._trim(keep)
+        """Bring the draft's memory to ``tokens`` (evaluating only what it lacks); leaves logits for
+        the last token."""
         t0 = time.perf_counter()
-        self.ctx.decode(tokens[keep:], keep, logits="last")
-        self._cached.extend(tokens[keep:])
+        self.seq.sync(tokens, logits="last", last_again=True, agree=self._stable)
         self._stable = len(tokens)
         return time.perf_counter() - t0
 
@@ -113,12 +107,13 @@ class ModelDrafter:
             if j == k - 1 or (keep_going is not None and not keep_going(j, conf)):
                 break
             t1 = time.perf_counter()
-            self.ctx.decode([tok], len(self._cached), logits="last")
+            if j == 0 and not self.seq.can_trim_any:
+                self.seq.checkpoint()  # the rejected draft tokens are undone by restoring it
+            self.seq.extend([tok], logits="last")
             dt = time.perf_counter() - t1
             t_llama += dt
             t_steps += dt
             n_steps += 1
-            self._cached.append(tok)
         return Proposal(
             tuple(ids),
             tuple(qs),
@@ -134,11 +129,11 @@ class ModelDrafter:
 
     def reset(self) -> None:
         """Forget the cached context."""
-        self._trim(0)
+        self.seq.reset()
         self._stable = 0
 
     def observe(self, proposal: Proposal, outcome: Outcome) -> None:
         pass
 
     def close(self) -> None:
-        self._cached.clear()
+        self.seq.tokens.clear()

@@ -35,6 +35,8 @@ from app.engine.process.protocol import (
     Done,
     Error,
     Event,
+    Gap,
+    GapReply,
     Generate,
     History,
     HistoryReply,
@@ -252,6 +254,14 @@ class EngineClient:
         )
         assert isinstance(reply, Tokens)
         return list(reply.tokens)
+
+    def top2_gap(self, tokens: Sequence[int]) -> float:
+        """The target's best minus second-best logit after ``tokens`` (evaluated from scratch)."""
+        self._refuse_while_generating("compare logits")
+        host = self._ready()
+        reply = self._call(host, Gap(tuple(tokens), request_id=self._request_id()), "while comparing logits")
+        assert isinstance(reply, GapReply)
+        return reply.gap
 
     def info(self) -> EngineStatus:
         """What is loaded, where, and how big (answered even while a reply is being generated)."""

@@ -34,6 +34,8 @@ from app.engine.process.protocol import (
     Done,
     Error,
     Event,
+    Gap,
+    GapReply,
     Generate,
     History,
     HistoryReply,
@@ -152,6 +154,10 @@ class Host:
                 self._tokenize(request)
             elif isinstance(request, Info):
                 self.send(InfoReply(self._status(), request_id=request.request_id))
+            elif isinstance(request, Gap):
+                self._refuse_while_generating("compare logits")
+                gap = self._need_engine().top2_gap(list(request.tokens))
+                self.send(GapReply(gap, request_id=request.request_id))
             elif isinstance(request, History):
                 self._history(request)
             elif isinstance(request, Unload):

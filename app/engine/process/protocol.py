@@ -60,6 +60,14 @@ class Tokenize(Request):
 
 
 @dataclass(frozen=True)
+class Gap(Request):
+    """The target's best minus second-best logit after ``tokens``, evaluated from scratch (where a
+    reply parts from plain decoding's, how close the call was). Reply: GapReply | Error."""
+
+    tokens: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class Unload(Request):
     """Free the models. Reply: Done."""
 
@@ -147,6 +155,13 @@ class Tokens(Reply):
 
     tokens: list[int]
     n_ctx: int = 0
+
+
+@dataclass(frozen=True)
+class GapReply(Reply):
+    """The top-two logit gap a ``Gap`` request asked for."""
+
+    gap: float
 
 
 @dataclass(frozen=True)
