@@ -396,8 +396,7 @@ class Context:
         self.swa_full: bool = bool(swa_full) and model.n_swa > 0
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self._n_out = 0  # outputs (logit rows) of the last decode
-        self._state: ctypes.Array[ctypes.c_uint8] | None = None  # the one saved sequence state
-        self._state_size = 0
+        self._states: dict[int, tuple[ctypes.Array[ctypes.c_uint8], int]] = {}  # saved states, by slot
         self.n_vocab = model.n_vocab
 
     def decode(self, tokens: Sequence[int], pos0: int, *, logits: str | Sequence[bool] = "last") -> int:
@@ -460,25 +459,27 @@ class Context:
         without a snapshot that far back), and then nothing changed."""
         return bool(llama_cpp.llama_memory_seq_rm(self._mem, 0, int(pos), -1))
 
-    def save_state(self) -> int:
+    def save_state(self, slot: int = 0) -> int:
         """Keep a copy of the parts of the sequence's memory a rollback cannot trim (its recurrent
-        state, its sliding window) in this context's one checkpoint; returns its size in bytes."""
+        state, its sliding window) in checkpoint ``slot``; returns its size in bytes."""
         flags = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
         size = llama_cpp.llama_state_seq_get_size_ext(self._handle, 0, flags)
-        if self._state is None or len(self._state) < size:
-            self._state = (ctypes.c_uint8 * size)()
-        n = llama_cpp.llama_state_seq_get_data_ext(self._handle, self._state, size, 0, flags)
+        buf = self._states.get(slot)
+        if buf is None or len(buf[0]) < size:
+            buf = ((ctypes.c_uint8 * size)(), 0)
+        n = llama_cpp.llama_state_seq_get_data_ext(self._handle, buf[0], size, 0, flags)
         if n == 0 and size:
             raise LlamaError("could not save the sequence state")
-        self._state_size = int(n)
-        return self._state_size
+        self._states[slot] = (buf[0], int(n))
+        return int(n)
 
-    def load_state(self) -> None:
-        """Put back the state ``save_state`` kept (the attention cache is left as it is)."""
-        if self._state is None:
-            raise LlamaError("no saved sequence state")
+    def load_state(self, slot: int = 0) -> None:
+        """Put back the state ``save_state`` kept in ``slot`` (the attention cache is left as it is)."""
+        if slot not in self._states:
+            raise LlamaError(f"no saved sequence state in slot {slot}")
+        buf, n = self._states[slot]
         flags = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
-        if llama_cpp.llama_state_seq_set_data_ext(self._handle, self._state, self._state_size, 0, flags) == 0:
+        if llama_cpp.llama_state_seq_set_data_ext(self._handle, buf, n, 0, flags) == 0:
             raise LlamaError("could not restore the sequence state")
 
     def clear(self) -> None:

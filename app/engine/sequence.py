@@ -23,6 +23,8 @@ from app.engine.errors import LlamaError
 from app.engine.llama import Context
 from app.gguf.arch import MemoryKind, Rollback
 
+ROUND, PROMPT = 0, 1  # checkpoint slots: before a round's batch, at the end of a prompt
+
 
 @dataclass(frozen=True)
 class MemoryInfo:
@@ -85,7 +87,7 @@ class CachedSequence:
         self.stats = SequenceStats()
         self._undo = 0  # trailing tokens the snapshots can remove now (once: llama.cpp's rule)
         self._floor = 0  # sliding window: the shortest length a removal keeps exact
-        self._checkpoint = -1  # length at which the context's saved state was taken (-1: none)
+        self._checkpoints: dict[int, int] = {}  # slot -> the length at which its state was saved
 
     @property
     def can_trim_any(self) -> bool:
@@ -117,14 +119,22 @@ class CachedSequence:
         self._undo = min(len(tokens) - last - 1, self.memory.snapshots)
         return rows
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, slot: int = ROUND) -> None:
         """Save the state at the current length, so a later rollback to here or beyond is exact
-        whatever the snapshots cover (recurrent and hybrid memories only)."""
+        whatever the snapshots cover (recurrent and hybrid memories only). Two slots: ``ROUND``,
+        before a batch the snapshots cannot undo, and ``PROMPT``, at the end of a request's prompt
+        (a regenerated reply, or the next turn of a chat whose template rewrites the last reply,
+        then starts from there)."""
         if self.memory.rollback is Rollback.TRIM:
             return
-        self.ctx.save_state()
-        self._checkpoint = len(self.tokens)
+        self.ctx.save_state(slot)
+        self._checkpoints[slot] = len(self.tokens)
         self.stats.checkpoints += 1
+
+    def _best_checkpoint(self, n: int) -> tuple[int, int] | None:
+        """The slot and length of the longest checkpoint at or before ``n``."""
+        best = max(((c, s) for s, c in self._checkpoints.items() if 0 < c <= n), default=None)
+        return (best[1], best[0]) if best else None
 
     # -- rollback -----------------------------------------------------------------------------------
     def would_hold(self, n: int) -> int:
@@ -139,8 +149,8 @@ class CachedSequence:
                     return n
             elif len(self.tokens) - n <= self._undo:
                 return n
-            elif 0 < self._checkpoint <= n:
-                return self._checkpoint
+            elif (best := self._best_checkpoint(n)) is not None:
+                return best[1]
         return 0
 
     def truncate(self, n: int) -> int:
@@ -160,12 +170,13 @@ class CachedSequence:
             elif len(self.tokens) - n <= self._undo and self.ctx.remove(n):
                 self._undo = 0
                 return self._cut(n)
-            elif 0 < self._checkpoint <= n:
-                self.ctx.load_state()
-                self.ctx.remove(self._checkpoint)  # the attention layers of a hybrid model
+            elif (best := self._best_checkpoint(n)) is not None:
+                slot, c = best
+                self.ctx.load_state(slot)
+                self.ctx.remove(c)  # the attention layers of a hybrid model
                 self.stats.restores += 1
                 self._undo = 0
-                return self._cut(self._checkpoint)
+                return self._cut(c)
         self._reset()
         return 0
 
@@ -197,8 +208,7 @@ class CachedSequence:
 
     def _cut(self, n: int) -> int:
         del self.tokens[n:]
-        if n < self._checkpoint:
-            self._checkpoint = -1
+        self._checkpoints = {s: c for s, c in self._checkpoints.items() if c <= n}
         return n
 
     def _reset(self) -> None:
@@ -206,7 +216,7 @@ class CachedSequence:
         self.tokens.clear()
         self._undo = 0
         self._floor = 0
-        self._checkpoint = -1
+        self._checkpoints.clear()
 
     def reset(self) -> None:
         """Forget everything."""

@@ -22,15 +22,19 @@ from app.engine.errors import PromptTooLongError
 from app.engine.events import Finished, Started, StatsBuilder, Step
 from app.engine.policy import DraftPolicy
 from app.engine.sampling import SamplingParams
-from app.engine.sequence import CachedSequence
+from app.engine.sequence import PROMPT, CachedSequence
 
 
 class TargetCache(CachedSequence):
     """The target's context and the tokens its memory holds (reused across requests by prefix)."""
 
     def begin(self, prompt: Sequence[int]) -> int:
-        """Evaluate ``prompt[:-1]``, reusing the held common prefix; returns tokens reused."""
-        return self.sync(prompt[:-1])
+        """Evaluate ``prompt[:-1]``, reusing the held common prefix; returns tokens reused. A memory
+        that cannot remove tokens keeps a checkpoint here, for the next request to start from."""
+        reused = self.sync(prompt[:-1])
+        if not self.can_trim_any and len(self.tokens) > reused:
+            self.checkpoint(PROMPT)
+        return reused
 
     def verify_batch(self, pending: int, draft: Sequence[int]) -> None:
         """Evaluate ``[pending, *draft]`` with logits at every position, after saving a checkpoint
@@ -145,16 +149,21 @@ def generate(
             t_llama_verify = time.perf_counter() - t1
             new, from_draft = verify(target.ctx.logits, tokens, proposal, params, rng)
             n_accepted = sum(from_draft)
-            target.rollback(n + n_accepted)  # keep through the last accepted draft token
-            policy.observe(len(proposal.tokens), n_accepted)
+            sure: tuple[float, ...] = ()
             if drafter is not None:
-                # how sure the target was of the last tokens it added (row j chose new[j])
+                # how sure the target was of the last tokens it added (row j chose new[j]), read
+                # before the rollback, which may evaluate tokens again
                 want = drafter.wants_target_confidence
                 last = new[-want:] if want else []
                 sure = tuple(
                     sampling.top_probability(target.ctx.logits(j), drafter.target_confidence_floor)
                     for j in range(len(new) - len(last), len(new))
                 )
+            t2 = time.perf_counter()
+            target.rollback(n + n_accepted)  # keep through the last accepted draft token
+            t_llama_verify += time.perf_counter() - t2  # a restore and replay is part of verifying
+            policy.observe(len(proposal.tokens), n_accepted)
+            if drafter is not None:
                 drafter.observe(
                     proposal,
                     Outcome(

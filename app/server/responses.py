@@ -27,8 +27,13 @@ def usage(stats: Stats) -> dict[str, int]:
     }
 
 
-def timings(stats: Stats) -> dict[str, float | int]:
-    """Named as llama.cpp's server names them, so tools that read its statistics read ours."""
+#: why a reply decoded plainly although drafting was asked for, in one line (``timings.drafting_off``)
+DRAFTING_OFF = {"no_rollback": "the model's memory cannot undo a rejected draft: plain decoding"}
+
+
+def timings(stats: Stats) -> dict[str, float | int | str]:
+    """Named as llama.cpp's server names them, so tools that read its statistics read ours (plus
+    ``drafting_off``, where a reply could not draft at all)."""
     prompt_n = max(0, stats.n_prompt_tokens - stats.n_prompt_cached)
     prompt_ms = stats.t_prompt_s * 1000
     predicted_ms = stats.t_decode_s * 1000
@@ -45,7 +50,7 @@ def timings(stats: Stats) -> dict[str, float | int]:
         "predicted_per_second": n / stats.t_decode_s if stats.t_decode_s > 0 else 0.0,
         "draft_n": stats.n_drafted,
         "draft_n_accepted": stats.n_accepted,
-    }
+    } | ({"drafting_off": DRAFTING_OFF[stats.drafting_off.value]} if stats.drafting_off else {})
 
 
 def chat_completion(rid: str, model: str, fin: Finished) -> dict[str, Any]:

@@ -14,8 +14,9 @@ import psutil
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar, QWidget
 
-from app.engine import EngineClient, EngineInfo, LoadSettings
+from app.engine import EngineClient, EngineInfo, LoadSettings, Rollback
 from app.remote_client import RemoteInfo
+from app.ui.wording import describe_memory
 from models_registry.units import format_bytes
 
 __all__ = ["StatusBar", "backend_text"]
@@ -122,11 +123,13 @@ class StatusBar(QStatusBar):
             self.pair_label.setText("  +  ".join(Path(m.path).name for m in models))
             self.pair_label.setToolTip(
                 "\n".join(
-                    f"{role}: {m.description}, {m.offload.describe()}"
+                    f"{role}: {m.description}, {m.offload.describe()}\n    {describe_memory(m)}"
                     for role, m in (("target", info.target), ("draft", info.draft))
                     if m is not None
                 )
             )
+            if info.target.rollback is Rollback.NONE:
+                self.pair_label.setText(self.pair_label.text() + "  · plain decoding only")
             self.backend_label.setText(backend_text(info))
             self.backend_label.setToolTip(info.placement())
         elif not loading:

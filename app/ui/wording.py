@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.engine import Action, Decision, Declined, Policy, Source
+from app.engine import Action, Decision, Declined, MemoryKind, ModelInfo, Policy, Rollback, Source
 from app.ui.metrics import ReplyMeter
 
 SOURCE_NAMES = {
@@ -59,6 +59,8 @@ def describe_decision(d: Decision, where: str = "this machine") -> str:
         text = "plain decoding"
     elif a is Action.NO_ROOM:
         text = "no room to draft"
+    elif a is Action.NO_ROLLBACK:
+        text = "plain decoding: this model's memory cannot undo a rejected draft"
     elif a is Action.NO_MATCH:
         text = "no n-gram match"
     elif a is Action.MEASURE:
@@ -94,6 +96,8 @@ def status_text(meter: ReplyMeter, backend: str, mode: str) -> str:
         return ""
     if mode == "plain":
         return "Plain decoding (speculation is off)."
+    if last.action is Action.NO_ROLLBACK:
+        return "Plain decoding: this model's memory cannot undo a rejected draft, so it cannot speculate."
     drafted = meter.drafted
     if drafted is None:
         return f"Not drafting: {describe_decision(last)}."
@@ -101,3 +105,23 @@ def status_text(meter: ReplyMeter, backend: str, mode: str) -> str:
     if drafted.policy is Policy.FIXED and not drafted.capped:
         return text + "."
     return f"{text} ({describe_decision(drafted)})."
+
+
+def describe_memory(m: ModelInfo) -> str:
+    """What a loaded model keeps of the text, and how a rejected draft is undone on it."""
+    kind = {
+        MemoryKind.ATTENTION: "attention",
+        MemoryKind.SLIDING_WINDOW: "sliding-window attention",
+        MemoryKind.HYBRID: "hybrid (recurrent + attention)",
+        MemoryKind.RECURRENT: "recurrent",
+    }[m.memory]
+    moe = f", {m.experts_used} of {m.experts} experts a token" if m.experts > 1 and m.experts_used else ""
+    how = {
+        Rollback.TRIM: "a rejected draft is trimmed from its cache",
+        Rollback.SNAPSHOT: f"a rejected draft is undone by per-token snapshots (up to {m.snapshots} "
+        "tokens), longer ones by a checkpoint",
+        Rollback.CHECKPOINT: "a rejected draft is undone by a checkpoint and the accepted tokens again",
+        Rollback.NONE: "it cannot undo a rejected draft, so it decodes plainly",
+    }[m.rollback]
+    arch = f"{m.architecture}: " if m.architecture else ""
+    return f"{arch}{kind}{moe}; {how}"

@@ -16,7 +16,7 @@ from app.engine import sampling
 from app.engine.drafting.base import EMPTY, Outcome, Proposal, common_prefix
 from app.engine.events import Source
 from app.engine.sampling import SamplingParams
-from app.engine.sequence import CachedSequence
+from app.engine.sequence import PROMPT, CachedSequence
 
 if TYPE_CHECKING:
     from app.engine.llama import Context
@@ -40,7 +40,9 @@ class ModelDrafter:
         t0 = time.perf_counter()
         if evaluate and len(prompt) > 1:
             # all but the last prompt token now, so the first round only decodes one token
-            self.seq.sync(prompt[:-1])
+            reused = self.seq.sync(prompt[:-1])
+            if not self.seq.can_trim_any and len(self.seq.tokens) > reused:
+                self.seq.checkpoint(PROMPT)  # where the next request starts again
             self._stable = len(self.seq.tokens)
         else:
             keep = common_prefix(self.seq.tokens, prompt)
