@@ -14,6 +14,7 @@ from typing import Any
 from app.gguf.arch import MemoryKind, Rollback, memory_kind, rollback_for
 from app.gguf.split import part_names, split_info
 
+from .catalog_facts import optional_facts
 from .drafting import PairDrafting, pair_drafting
 
 if sys.version_info >= (3, 11):
@@ -379,42 +380,15 @@ def _parse_model(entry: Any, index: int) -> CatalogModel:
             raise CatalogError(f"{where}: field {k!r} must not be empty")
     return CatalogModel(
         id=mid, name=str(entry.get("name", mid)), repo=repo, gated=gated, files=files,
-        default_quant=default_quant, **strs, **ints, **_arch_facts(entry, ints, where),
+        default_quant=default_quant, **strs, **ints, **_optional_facts(entry, ints, where),
     )  # fmt: skip
 
 
-def _arch_facts(entry: Mapping[str, Any], ints: Mapping[str, int], where: str) -> dict[str, Any]:
-    """The optional architecture fields, checked against each other and the required ones."""
-    facts: dict[str, Any] = {}
-    for k in ("active_params", "experts", "experts_used", "kv_layers", "sliding_window", "sliding_layers",
-              "recurrent_state"):  # fmt: skip
-        if k in entry:
-            value = _get(entry, k, int, where)
-            if value < 0 or (value == 0 and k not in ("kv_layers", "recurrent_state")):
-                need = "must not be negative" if k in ("kv_layers", "recurrent_state") else "must be positive"
-                raise CatalogError(f"{where}: field {k!r} {need}, got {value}")
-            facts[k] = value
-    if ("experts" in facts) != ("experts_used" in facts):
-        raise CatalogError(f"{where}: 'experts' and 'experts_used' go together")
-    if facts.get("experts_used", 0) > facts.get("experts", 0):
-        raise CatalogError(f"{where}: 'experts_used' ({facts['experts_used']}) exceeds 'experts'")
-    if facts.get("active_params", 0) > ints["params"]:
-        raise CatalogError(f"{where}: 'active_params' exceeds 'params'")
-    kv_layers = facts.get("kv_layers", ints["n_layers"])
-    if kv_layers > ints["n_layers"]:
-        raise CatalogError(f"{where}: 'kv_layers' ({kv_layers}) exceeds 'n_layers'")
-    if ("sliding_window" in facts) != ("sliding_layers" in facts):
-        raise CatalogError(f"{where}: 'sliding_window' and 'sliding_layers' go together")
-    if facts.get("sliding_layers", 0) > kv_layers:
-        raise CatalogError(f"{where}: 'sliding_layers' exceeds the layers with a KV cache ({kv_layers})")
-    arch = str(entry.get("architecture", ""))
-    if memory_kind(arch) in (MemoryKind.HYBRID, MemoryKind.RECURRENT) and not facts.get("recurrent_state"):
-        raise CatalogError(f"{where}: a {memory_kind(arch).value} model needs 'recurrent_state' (bytes)")
-    sources = entry.get("sources", [])
-    if not isinstance(sources, list) or not all(isinstance(u, str) and u.strip() and "\n" not in u
-                                                for u in sources):  # fmt: skip
-        raise CatalogError(f"{where}: 'sources' must be a list of one-line strings")
-    return {**facts, "sources": tuple(u.strip() for u in sources)}
+def _optional_facts(entry: Mapping[str, Any], ints: Mapping[str, int], where: str) -> dict[str, Any]:
+    try:
+        return optional_facts(entry, params=ints["params"], n_layers=ints["n_layers"])
+    except ValueError as e:
+        raise CatalogError(f"{where}: {e}") from None
 
 
 def _parse_pair(entry: Any, index: int, models: Mapping[str, CatalogModel]) -> Pair:

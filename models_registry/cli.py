@@ -77,6 +77,9 @@ def cmd_models_catalog(args: argparse.Namespace) -> int:
         print(f"  total   {approx}{format_bytes(tf.size + df.size)}, draft n_max={p.n_max} p_min={p.p_min}, "
               f"licence {t.license}{gated}")  # fmt: skip
         print(f"  good for: {p.good_for}")
+        drafting = cat.drafting(p)
+        if drafting.longest_snapshot_draft is not None:  # a recurrent memory: say how drafts roll back
+            print(f"  {drafting.words}")
     return EXIT_OK
 
 

@@ -40,8 +40,10 @@ from .machine import (
 from .measured import Measured, SpeedStore
 from .speed import (
     ACCEPTANCE,
+    CHAT_CONTEXT,
     MAX_DRAFT,
     Device,
+    Experts,
     PairSpeed,
     gpu_time_share,
     kv_bytes_per_token,
@@ -64,10 +66,12 @@ __all__ = [
     "PairNeed",
     "PairSpeed",
     "Verdict",
+    "active_weights",
     "choose",
     "detect_machine",
     "estimate_model",
     "estimate_pair",
+    "experts",
     "fit_catalog",
     "fit_pair",
     "gpus_from_devices",
@@ -244,6 +248,20 @@ def _measured(store: SpeedStore | None, qf: QuantFile, placement: str) -> Measur
     return store.lookup(qf.file, qf.size, placement=placement, tolerance=_tolerance(qf)) if store else None
 
 
+def experts(model: CatalogModel, qf: QuantFile) -> Experts | None:
+    """A mixture of experts' bytes per step (its file, the KV of a chat's context); None if dense."""
+    if not model.moe:
+        return None
+    kv = kv_bytes_per_token(model.kv_layers, model.n_kv_heads, model.head_dim) * CHAT_CONTEXT
+    return Experts.from_params(qf.size, model.params, model.active_params, model.experts,
+                               model.experts_used, other=kv)  # fmt: skip
+
+
+def active_weights(model: CatalogModel, qf: QuantFile) -> int:
+    """The weight bytes a decode step reads: the file, times ``active_params / params`` for a mixture."""
+    return qf.size if model.active_params >= model.params else qf.size * model.active_params // model.params
+
+
 def pair_speed(
     fit: PairFit,
     machine: Machine,
@@ -271,7 +289,8 @@ def pair_speed(
     def step(m: CatalogModel, qf: QuantFile, where: Device, known: Measured | None) -> tuple[float, bool]:
         if known is not None and known.plain:
             return 1 / known.plain, True
-        return step_seconds(qf.size, kv_bytes_per_token(m.n_layers, m.n_kv_heads, m.head_dim), where), False
+        kv = kv_bytes_per_token(m.kv_layers, m.n_kv_heads, m.head_dim)
+        return step_seconds(active_weights(m, qf), kv, where), False
 
     t_step, t_known = step(target, tq, t_where, t_meas)
     d_step, _ = step(draft, dq, d_where, d_meas)
@@ -283,6 +302,7 @@ def pair_speed(
     spec = speculate(
         t_step, d_step, acceptance=acceptance, max_draft=min(limit, MAX_DRAFT),
         gpu_share=gpu_time_share(t_where), verify_costs=t_meas.verify_costs if t_meas else None,
+        experts=experts(target, tq),
     )  # fmt: skip
     spec_tps, spec_known = spec.tokens_per_second, False
     if t_meas is not None:
@@ -305,6 +325,12 @@ class Choice:
     fit: PairFit
     speed: PairSpeed
     params: int  # the target's parameters
+    active_params: int = 0  # of those, what a token uses (a mixture of experts; 0: all)
+
+    @property
+    def moe(self) -> bool:
+        """The target is a mixture of experts, estimated by its active parameters."""
+        return 0 < self.active_params < self.params
 
     @property
     def pair(self) -> Pair:
@@ -325,7 +351,7 @@ def rank_catalog(
     for f in fit_catalog(machine, catalog=cat, n_ctx=n_ctx):
         assert f.pair is not None
         t, d = cat.model(f.pair.target), cat.model(f.pair.draft)
-        out.append(Choice(f, pair_speed(f, machine, t, d, measured=measured), t.params))
+        out.append(Choice(f, pair_speed(f, machine, t, d, measured=measured), t.params, t.active_params))
     return out
 
 

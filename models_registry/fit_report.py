@@ -8,7 +8,7 @@ from typing import Any
 from .fit import Choice, Gpu, Machine, why
 from .units import format_bytes
 
-__all__ = ["machine_data", "report_data", "report_lines", "speed_text"]
+__all__ = ["machine_data", "params_text", "report_data", "report_lines", "speed_text"]
 
 GB = 1e9
 
@@ -44,6 +44,7 @@ def report_data(
         f, s = c.fit, c.speed
         pairs.append({
             "id": c.pair.id, "target": c.pair.target, "draft": c.pair.draft, "target_params": c.params,
+            "target_active_params": c.active_params or c.params, "target_moe": c.moe,
             "verdict": f.verdict, "summary": f.summary, "comfortable": f.comfortable,
             "need_bytes": f.need.total, "target_gpu_layers": f.gpu_layers,
             "plain_tokens_per_second": round(s.plain, 2),
@@ -64,6 +65,11 @@ def report_data(
         "machine": machine_data(machine), "context": n_ctx, "min_speed": min_speed,
         "recommended": recommended, "pairs": pairs,
     }  # fmt: skip
+
+
+def params_text(n: int) -> str:
+    """``3.3B``, ``600M``."""
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
 
 
 def speed_text(tps: float, source: str) -> str:
@@ -102,6 +108,10 @@ def report_lines(
         spec = speed_text(s.speculative, s.speculative_source)
         lines.append(f"{mark} {c.pair.id:<26} {format_bytes(f.need.total):>9}  {plain:>15} {spec:>10}  "
                      f"{f.summary}{comfy}")  # fmt: skip
+        if c.moe:
+            active, total = params_text(c.active_params), params_text(c.params)
+            lines.append(f"    {c.pair.target}: mixture of experts, {active} of {total} parameters "
+                         "active per token (estimated by those)")  # fmt: skip
     lines += ["", "~ estimated from the memory bandwidth; figures without ~ were measured (tandem generate)"]
     if best is None:
         lines.append("no catalog pair fits this machine at this context size")

@@ -45,7 +45,11 @@ def test_models_catalog(capsys: pytest.CaptureFixture[str]) -> None:
     data = json.loads(capsys.readouterr().out)
     cat = default_catalog()
     assert [p["id"] for p in data["pairs"]] == [p.id for p in cat.pairs]
-    assert data["pairs"][0].keys() == {"id", "target", "draft", "n_max", "p_min", "good_for"}
+    assert data["pairs"][0].keys() == {"id", "target", "draft", "n_max", "p_min", "good_for", "drafting"}
+    assert data["pairs"][0]["drafting"]["sources"] == ["draft model", "prompt lookup", "drafting history"]
+    assert {"memory", "rollback", "moe", "active_params", "kv_layers", "sources"} <= set(
+        data["models"]["qwen2.5-coder-7b-instruct"]
+    )
     assert data["models"].keys() == cat.models.keys()
     q4 = data["models"]["qwen2.5-coder-7b-instruct"]["files"]["Q4_K_M"]
     assert q4["repo"] == "Qwen/Qwen2.5-Coder-7B-Instruct-GGUF" and q4["split"]

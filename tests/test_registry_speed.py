@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
+import gguf
+import numpy as np
 import pytest
 
-from models_registry import fit, speed
+from app.gguf import memory
+from app.gguf.meta import read_metadata_file
+from models_registry import fit, fit_report, speed
 from models_registry.catalog import CatalogModel, Pair, QuantFile
 from models_registry.fit import Gpu, Machine
 from models_registry.measured import SpeedStore
@@ -148,3 +155,84 @@ def test_measurements_replace_the_arithmetic(tmp_path) -> None:
     s2 = fit.pair_speed(f, laptop, TARGET, DRAFT, measured=store2)
     assert s2.speculative_source == "estimated"
     assert s2.speculative == pytest.approx(1.75 / (1 / 60 + 1.6 / 6))
+
+
+# ------------------------------------------------------------------------------ mixtures of experts
+
+# a Qwen3-30B-A3B-like target (48 layers, 4 KV heads of 128, 128 experts, 8 per token) and a dense 30B
+# of the same file size
+MOE = dataclasses.replace(
+    model("moe30b", layers=48, kv_heads=4, head_dim=128, size=18_000_000_000, params=30_500_000_000),
+    active_params=3_300_000_000, experts=128, experts_used=8,
+)  # fmt: skip
+DENSE = model("dense30b", layers=48, kv_heads=4, head_dim=128, size=18_000_000_000, params=30_500_000_000)
+SMALL = model("d06b", layers=28, kv_heads=8, head_dim=128, size=600_000_000, params=600_000_000)
+
+
+def test_experts_used_by_a_batch() -> None:
+    e = speed.Experts(shared=1e9, routed=16e9, count=128, used=8)
+    assert e.distinct(1) == pytest.approx(8)
+    assert e.distinct(2) == pytest.approx(128 * (1 - (120 / 128) ** 2))  # 15.5
+    assert e.distinct(1000) == pytest.approx(128)  # at most every expert
+    assert e.bytes_read(1) == pytest.approx(1e9 + 16e9 * 8 / 128) == 2e9
+    assert e.read_ratio(2) == pytest.approx((1e9 + 16e9 * 15.5 / 128) / 2e9)
+    # from the parameters: routed = (params - active) / (1 - u/E); a token reads the active ones' bytes
+    m = speed.Experts.from_params(18e9, 30_500_000_000, 3_300_000_000, 128, 8)
+    assert m.routed / 18e9 * 30.5e9 == pytest.approx(27.2e9 / (1 - 8 / 128))
+    assert m.bytes_read(1) == pytest.approx(18e9 * 3.3 / 30.5)
+    # a verify batch reads more experts: on top of the dense cost, the more bytes over a step's
+    assert speed.verify_cost(4, experts=e) == pytest.approx(1 + 3 * 0.6 + e.read_ratio(4) - 1)
+    assert speed.verify_cost(4, experts=e, measured={4: 2.0}) == 2.0  # measured costs include it
+    assert speed.verify_cost(6, experts=e, measured={4: 2.0}) == pytest.approx(
+        2.0 + 2 * 0.6 + e.read_ratio(6) - e.read_ratio(4)
+    )
+    dense_k = speed.speculate(0.1, 0.01, max_draft=8, gpu_share=1.0)
+    moe_k = speed.speculate(0.1, 0.01, max_draft=8, gpu_share=1.0, experts=e)
+    assert moe_k.draft_length <= dense_k.draft_length and moe_k.tokens_per_second < dense_k.tokens_per_second
+
+
+def test_moe_estimated_far_faster_than_a_dense_model_of_its_size() -> None:
+    box = Machine(64 * GiB, 56 * GiB, 16, cpu_bandwidth=60e9)
+    pair = Pair("p", "moe30b", "d06b", n_max=8, p_min=0.0, good_for="tests")
+    moe_fit = fit.fit_pair(fit.estimate_pair(MOE, SMALL, n_ctx=4096), box, pair=pair)
+    dense_fit = fit.fit_pair(fit.estimate_pair(DENSE, SMALL, n_ctx=4096), box, pair=pair)
+    assert moe_fit.need.total == dense_fit.need.total  # the same memory: every expert is loaded
+    moe, dense = fit.pair_speed(moe_fit, box, MOE, SMALL), fit.pair_speed(dense_fit, box, DENSE, SMALL)
+    kv = 1024 * speed.kv_bytes_per_token(48, 4, 128)
+    assert fit.active_weights(MOE, MOE.file()) == 18_000_000_000 * 33 // 305
+    assert moe.plain == pytest.approx(60e9 / (18e9 * 33 / 305 + kv), rel=1e-6)
+    assert moe.plain > 6 * dense.plain  # 3.3B of 30.5B parameters read per token
+    # drafting pays less on a mixture: a verify batch reads more experts
+    assert moe.speculative / moe.plain < dense.speculative / dense.plain
+
+
+def test_moe_experts_from_a_header(tmp_path: Path) -> None:
+    w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "qwen3moe")
+    w.add_block_count(1)
+    w.add_expert_count(4)
+    w.add_expert_used_count(1)
+    w.add_tensor("blk.0.ffn_up_exps.weight", np.zeros((4, 8, 16), dtype=np.float32))  # 2048 bytes
+    w.add_tensor("blk.0.ffn_up_shexp.weight", np.zeros((8, 16), dtype=np.float32))  # shared: 512
+    w.add_tensor("blk.0.attn_q.weight", np.zeros((16, 16), dtype=np.float32))  # 1024
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    meta = read_metadata_file(tmp_path / "m.gguf", tensor_infos=True)
+    assert memory.expert_weights(meta) == (2048, 1536)
+    e = speed.Experts.from_header(meta, 3584)
+    assert e is not None and (e.shared, e.routed, e.count, e.used) == (1536, 2048, 4, 1)
+    assert e.bytes_read(1) == 1536 + 512  # a token reads one expert of four
+    assert speed.Experts.from_header(read_metadata_file(tmp_path / "m.gguf"), 3584) is None  # no tensors
+
+
+def test_fit_report_names_a_moe_targets_active_parameters() -> None:
+    box = Machine(64 * GiB, 56 * GiB, 16, cpu_bandwidth=60e9)
+    pair = Pair("moe+small", "moe30b", "d06b", n_max=8, p_min=0.0, good_for="tests")
+    f = fit.fit_pair(fit.estimate_pair(MOE, SMALL, n_ctx=4096), box, pair=pair)
+    choice = fit.Choice(f, fit.pair_speed(f, box, MOE, SMALL), MOE.params, MOE.active_params)
+    assert choice.moe
+    lines = fit_report.report_lines(box, [choice], choice, n_ctx=4096, min_speed=15)
+    assert any("moe30b: mixture of experts, 3.3B of 30.5B parameters active per token" in x for x in lines)
+    data = fit_report.report_data(box, [choice], choice, n_ctx=4096, min_speed=15)["pairs"][0]
+    assert (data["target_active_params"], data["target_moe"]) == (3_300_000_000, True)

@@ -25,8 +25,8 @@ from app.gguf.split import first_part, model_bytes
 
 __all__ = [
     "COMPUTE_BUFFER", "GPU_RESERVE", "KV_BYTES_PER_ELEMENT", "N_UBATCH", "RECURRENT_SNAPSHOTS",
-    "RUNTIME_OVERHEAD", "STATE_BYTES_PER_ELEMENT", "SWA_PAD", "Footprint", "GiB", "MiB", "file_footprint",
-    "footprint", "kv_cache_bytes", "recurrent_bytes", "snapshots_for", "swa_cells",
+    "RUNTIME_OVERHEAD", "STATE_BYTES_PER_ELEMENT", "SWA_PAD", "Footprint", "GiB", "MiB", "expert_weights",
+    "file_footprint", "footprint", "kv_cache_bytes", "recurrent_bytes", "snapshots_for", "swa_cells",
 ]  # fmt: skip
 
 MiB = 1024**2
@@ -101,6 +101,21 @@ def footprint(meta: GGUFMetadata, weights: int, n_ctx: int, *, snapshots: int | 
     layout = layer_layout(meta)
     state = recurrent_bytes(layout.recurrent_state, layout.architecture, snapshots=snapshots)
     return Footprint(weights, layout.n_layer, layout.kv_bytes(n_ctx), state if layout.recurrent_layers else 0)
+
+
+def expert_weights(meta: GGUFMetadata) -> tuple[int, int] | None:
+    """The routed experts' tensor bytes (``*_exps*``) and every other tensor's (shared experts, router and
+    attention included), from the header's tensor infos; None without them or without experts."""
+    routed = other = 0
+    for t in meta.tensors or ():
+        n = t.n_bytes
+        if n is None:
+            return None
+        if "_exps" in t.name:
+            routed += n
+        else:
+            other += n
+    return (routed, other) if routed else None
 
 
 def file_footprint(path: str | os.PathLike[str], n_ctx: int) -> Footprint:
