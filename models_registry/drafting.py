@@ -9,6 +9,10 @@ rolls back cheaply:
   beyond that the engine restores a checkpoint and replays the accepted tokens.
 - CHECKPOINT (other recurrent layers): a checkpoint before each verify, restored and replayed.
 
+The draft model drafts one token at a time, which snapshots cannot undo: on a recurrent memory it rolls
+back by checkpoint (the engine gives it no snapshots). NONE (a memory that can do neither) decodes
+plainly.
+
 Works on anything with ``memory`` and ``rollback`` (`app.gguf.arch.ArchFacts`, a catalog model).
 """
 
@@ -36,7 +40,7 @@ class _Memory(Protocol):
 
 def rollback_limit(rollback: Rollback) -> int | None:
     """The longest draft rolled back without a checkpoint: None for any length, 0 for none."""
-    return {Rollback.TRIM: None, Rollback.SNAPSHOT: RECURRENT_SNAPSHOTS, Rollback.CHECKPOINT: 0}[rollback]
+    return None if rollback is Rollback.TRIM else RECURRENT_SNAPSHOTS if rollback is Rollback.SNAPSHOT else 0
 
 
 def rollback_words(rollback: Rollback) -> str:
@@ -48,7 +52,9 @@ def rollback_words(rollback: Rollback) -> str:
             f"recurrent-state snapshots (up to {RECURRENT_SNAPSHOTS} tokens a round; "
             "longer drafts by checkpoint and replay)"
         )
-    return "checkpoint and replay (the state is restored and the accepted tokens decoded again)"
+    if rollback is Rollback.CHECKPOINT:
+        return "checkpoint and replay (the state is restored and the accepted tokens decoded again)"
+    return "nothing: it cannot undo a rejected draft, so it decodes plainly"
 
 
 @dataclass(frozen=True)
@@ -91,4 +97,8 @@ class PairDrafting:
 
 def pair_drafting(target: _Memory, draft: _Memory) -> PairDrafting:
     """The drafting facts of a target and a draft (`ArchFacts` or catalog models)."""
-    return PairDrafting(target.memory, draft.memory, target.rollback, draft.rollback)
+    draft_rollback = Rollback.CHECKPOINT if draft.rollback is Rollback.SNAPSHOT else draft.rollback
+    sources = () if target.rollback is Rollback.NONE else SOURCES
+    if draft_rollback is Rollback.NONE:
+        sources = tuple(s for s in sources if s != "draft model")
+    return PairDrafting(target.memory, draft.memory, target.rollback, draft_rollback, sources)

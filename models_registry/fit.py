@@ -122,15 +122,19 @@ def estimate_model(
     quant: str | None = None,
     n_ctx: int = 4096,
     weights: int | None = None,
+    draft: bool = False,
 ) -> ModelNeed:
-    """Need of a catalog model; `n_ctx` is capped at the model's trained context."""
+    """Need of a catalog model; `n_ctx` is capped at the model's trained context. A `draft` keeps no
+    recurrent snapshots and a full-size sliding-window cache, as the engine holds it."""
     ctx = min(n_ctx, model.context_length)
     size = weights if weights is not None else model.file(quant).size
     kv = kv_cache_bytes(model.kv_layers, ctx, model.n_kv_heads, model.head_dim,
-                        sliding_layers=model.sliding_layers, sliding_window=model.sliding_window)  # fmt: skip
+                        sliding_layers=0 if draft else model.sliding_layers,
+                        sliding_window=model.sliding_window)  # fmt: skip
+    state = recurrent_bytes(model.recurrent_state, model.architecture, snapshots=0 if draft else None)
     return ModelNeed(
         name=model.id, weights=size, kv=kv, compute=COMPUTE_BUFFER, n_layers=model.n_layers, n_ctx=ctx,
-        recurrent=recurrent_bytes(model.recurrent_state, model.architecture),
+        recurrent=state,
     )  # fmt: skip
 
 
@@ -156,7 +160,7 @@ def estimate_pair(
     """Need of a pair: both models at the same context."""
     return PairNeed(
         target=estimate_model(target, quant=target_quant, n_ctx=n_ctx),
-        draft=estimate_model(draft, quant=draft_quant, n_ctx=n_ctx),
+        draft=estimate_model(draft, quant=draft_quant, n_ctx=n_ctx, draft=True),
     )
 
 

@@ -18,6 +18,7 @@ from models_registry.catalog import (
     validate_filename,
     validate_repo_id,
 )
+from models_registry.drafting import PairDrafting
 
 MODEL = """
 [[model]]
@@ -286,6 +287,18 @@ def test_pair_drafting_in_the_catalog_data() -> None:
     assert plain.longest_snapshot_draft is None and "any draft length" in plain.words
     ck = loads_catalog(with_facts("mamba", "kv_layers = 0\nrecurrent_state = 64")).to_data()
     assert ck["pairs"][0]["drafting"]["longest_snapshot_draft"] == 0
+    # a hybrid draft drafts one token at a time: it rolls back by checkpoint, not by snapshots
+    both = with_facts("qwen35", "kv_layers = 1\nrecurrent_state = 4096", draft_arch="qwen35")
+    head, tail = both.rsplit('architecture = "qwen35"', 1)  # the draft's
+    both = head + 'architecture = "qwen35"\nkv_layers = 1\nrecurrent_state = 64' + tail
+    hh = loads_catalog(both)
+    d = hh.drafting(hh.pair("p"))
+    assert (d.target_rollback, d.draft_rollback, d.longest_snapshot_draft) == (
+        Rollback.SNAPSHOT, Rollback.CHECKPOINT, 0,
+    )  # fmt: skip
+    assert "; the draft model by checkpoint and replay" in d.words
+    none = PairDrafting(MemoryKind.RECURRENT, MemoryKind.ATTENTION, Rollback.NONE, Rollback.TRIM)
+    assert "cannot undo a rejected draft" in none.words
 
 
 def test_real_catalog_facts_are_consistent() -> None:

@@ -319,3 +319,27 @@ def test_catalog_hybrid_and_window_estimates() -> None:
     swa = dataclasses.replace(model("s", **base), architecture="gemma3", sliding_window=1024,
                               sliding_layers=20)  # fmt: skip
     assert fit.estimate_model(swa, n_ctx=8192).kv == (4 * 8192 + 20 * 1536) * 2 * 512 * 2
+
+
+def test_a_draft_keeps_no_snapshots_and_a_full_window() -> None:
+    """The engine gives a draft model no recurrent snapshots and a full-size sliding-window cache."""
+    hybrid = header(
+        "qwen35", block_count=8, attention__head_count=4, attention__head_count_kv=1,
+        attention__key_length=64, attention__value_length=64, embedding_length=256, ssm__conv_kernel=4,
+        ssm__inner_size=256, ssm__state_size=16, ssm__group_count=2,
+    )  # fmt: skip
+    state = layer_layout(hybrid).recurrent_state
+    assert memory.footprint(hybrid, 0, 512).recurrent == state * 17
+    assert memory.footprint(hybrid, 0, 512, draft=True).recurrent == state
+    gemma3 = header("gemma3", block_count=6, attention__head_count_kv=1, attention__key_length=64,
+                    attention__value_length=64, attention__sliding_window=512)  # fmt: skip
+    assert memory.footprint(gemma3, 0, 8192).kv == (8192 + 5 * 1024) * 128 * 2
+    assert memory.footprint(gemma3, 0, 8192, draft=True).kv == 6 * 8192 * 128 * 2
+    base = dict(layers=24, kv_heads=2, head_dim=256, ctx=262144, size=500_000_000, params=800_000_000)
+    small = dataclasses.replace(model("h", **base), architecture="qwen35", kv_layers=6, recurrent_state=1000)
+    assert fit.estimate_model(small, draft=True).recurrent == 1000
+    swa = dataclasses.replace(model("s", **base), architecture="gemma3", sliding_window=1024,
+                              sliding_layers=20)  # fmt: skip
+    assert fit.estimate_model(swa, n_ctx=8192, draft=True).kv == fit.kv_cache_bytes(24, 8192, 2, 256)
+    need = fit.estimate_pair(dataclasses.replace(small, params=900_000_000), small)
+    assert (need.target.recurrent, need.draft.recurrent) == (17_000, 1000)

@@ -77,9 +77,9 @@ class LayerLayout:
     sliding_window: int
     recurrent_state: int  # bytes of one sequence's state over every recurrent layer (f32)
 
-    def kv_bytes(self, n_ctx: int, bytes_per_element: int = 2) -> int:
-        """The KV cache at `n_ctx` (f16)."""
-        swa = swa_cells(n_ctx, self.sliding_window) if self.swa_kv else 0
+    def kv_bytes(self, n_ctx: int, bytes_per_element: int = 2, *, swa_full: bool = False) -> int:
+        """The KV cache at `n_ctx` (f16); `swa_full`: sliding-window layers hold every cell too."""
+        swa = (n_ctx if swa_full else swa_cells(n_ctx, self.sliding_window)) if self.swa_kv else 0
         return (self.full_kv * n_ctx + self.swa_kv * swa) * bytes_per_element
 
 

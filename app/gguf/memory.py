@@ -8,6 +8,9 @@ Shared by the engine's offload plan and models_registry's fit. All sizes in byte
                 to 256 (llama.cpp's iSWA cache with swa_full off: its n_ubatch is 512)
     recurrent = per recurrent layer (n_embd_r + n_embd_s) * 4 (f32), times 1 + the snapshots the engine
                 keeps (`RECURRENT_SNAPSHOTS` for the architectures in `app.gguf.arch.SNAPSHOTS`)
+
+A draft model's context keeps no snapshots and a full-size sliding-window cache (``draft=True``): it
+drafts one token at a time, which snapshots cannot undo, and any of its tokens must be removable.
     compute   = COMPUTE_BUFFER per model (llama.cpp's graph buffers at n_batch 512, logits included)
 
 Which layers are recurrent, attention or sliding-window follows the pinned llama.cpp (`app.gguf.layers`).
@@ -95,12 +98,16 @@ class Footprint:
         return self.weights + self.kv + self.recurrent + COMPUTE_BUFFER
 
 
-def footprint(meta: GGUFMetadata, weights: int, n_ctx: int, *, snapshots: int | None = None) -> Footprint:
+def footprint(
+    meta: GGUFMetadata, weights: int, n_ctx: int, *, snapshots: int | None = None, draft: bool = False
+) -> Footprint:
     """A model's footprint from its header and its size on disk (`snapshots`: the engine's ``n_rs_seq``,
-    default `snapshots_for` the architecture)."""
+    default `snapshots_for` the architecture, none for a `draft`)."""
     layout = layer_layout(meta)
-    state = recurrent_bytes(layout.recurrent_state, layout.architecture, snapshots=snapshots)
-    return Footprint(weights, layout.n_layer, layout.kv_bytes(n_ctx), state if layout.recurrent_layers else 0)
+    n = 0 if draft and snapshots is None else snapshots
+    state = recurrent_bytes(layout.recurrent_state, layout.architecture, snapshots=n)
+    kv = layout.kv_bytes(n_ctx, swa_full=draft)
+    return Footprint(weights, layout.n_layer, kv, state if layout.recurrent_layers else 0)
 
 
 def expert_weights(meta: GGUFMetadata) -> tuple[int, int] | None:
@@ -118,6 +125,7 @@ def expert_weights(meta: GGUFMetadata) -> tuple[int, int] | None:
     return (routed, other) if routed else None
 
 
-def file_footprint(path: str | os.PathLike[str], n_ctx: int) -> Footprint:
-    """The footprint of a model file on disk (a split model from its first part, every part counted)."""
-    return footprint(read_metadata_file(first_part(path)), model_bytes(path), n_ctx)
+def file_footprint(path: str | os.PathLike[str], n_ctx: int, *, draft: bool = False) -> Footprint:
+    """The footprint of a model file on disk (a split model from its first part, every part counted);
+    `draft`: as the engine holds a draft model (no snapshots, a full-size sliding-window cache)."""
+    return footprint(read_metadata_file(first_part(path)), model_bytes(path), n_ctx, draft=draft)
