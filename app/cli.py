@@ -349,19 +349,39 @@ def _engine_gpus() -> tuple[Any, ...] | None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    """Whether the draft can drive the target (vocabularies), each model's architecture as speculation
+    sees it, and what drafting the pair supports."""
+    from app.gguf.arch import arch_facts
+    from app.gguf.compat import check_compatible
     from app.gguf.meta import GGUFError
+    from models_registry.drafting import pair_drafting
     from models_registry.hub import HubError
-    from models_registry.refs import check_refs
+    from models_registry.refs import resolve_model_ref
+    from models_registry.remote import read_ref_metadata
 
     try:
-        verdict = check_refs(args.target, args.draft)
+        target, _ = read_ref_metadata(resolve_model_ref(args.target))
+        draft, _ = read_ref_metadata(resolve_model_ref(args.draft))
     except (OSError, ValueError, GGUFError, HubError) as e:
         return _fail(str(e))
+    verdict = check_compatible(target, draft)
+    facts = {"target": arch_facts(target), "draft": arch_facts(draft)}
+    drafting = pair_drafting(facts["target"], facts["draft"])
     if args.json:
-        print(json.dumps({"compatible": verdict.ok, "reason": verdict.reason}))
+        out: dict[str, Any] = {"compatible": verdict.ok, "reason": verdict.reason}
+        for role, f in facts.items():
+            out[role] = {
+                "architecture": f.architecture, "memory": f.memory.value, "rollback": f.rollback.value,
+                "sliding_window": f.sliding_window, "experts": f.experts, "experts_used": f.experts_used,
+                "moe": f.moe, "words": f.words,
+            }  # fmt: skip
+        print(json.dumps({**out, "drafting": drafting.to_data()}))
     else:
         verdict_word = "compatible" if verdict.ok else "NOT compatible"
         print(verdict_word + (f": {verdict.reason}" if verdict.reason else ""))
+        for role, f in facts.items():
+            print(f"{role + ':':<8}{f.words}")
+        print(drafting.words)
     return 0 if verdict.ok else 1
 
 

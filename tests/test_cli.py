@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from arch_headers import hybrid_and_moe
 
 from app.engine.engine import Engine, GenerationSettings, LoadSettings
 
@@ -129,3 +130,28 @@ def test_version() -> None:
 
     res = tandem("--version")
     assert res.returncode == 0 and __version__ in res.stdout
+
+
+def test_check_names_the_architectures_and_the_drafting(tmp_path) -> None:
+    """A hybrid target rolls back by snapshots; a mixture of experts by trimming (headers only)."""
+    hybrid, moe = hybrid_and_moe(tmp_path)
+    res = tandem("check", str(hybrid), str(moe))
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith("compatible")
+    assert lines[1] == "target: qwen35: hybrid (recurrent + attention layers)"
+    assert lines[2] == "draft:  qwen3moe: attention, mixture of 128 experts (8 per token)"
+    assert lines[3].startswith("drafting: draft model, prompt lookup, drafting history; target rolls back by")
+    assert "recurrent-state snapshots (up to 16 tokens a round; longer drafts by checkpoint" in lines[3]
+    assert "the draft model by trimming its KV cache" in lines[3]
+    res = tandem("check", str(moe), str(hybrid), "--json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["compatible"] and out["target"]["moe"]
+    assert (out["target"]["experts"], out["target"]["experts_used"]) == (128, 8)
+    assert (out["draft"]["memory"], out["draft"]["rollback"]) == ("hybrid", "snapshot")
+    assert out["drafting"] == {
+        "target_memory": "attention", "draft_memory": "hybrid", "target_rollback": "trim",
+        "draft_rollback": "checkpoint", "longest_snapshot_draft": 0,
+        "sources": ["draft model", "prompt lookup", "drafting history"],
+    }  # fmt: skip
