@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from arch_headers import hybrid_and_moe
 from PySide6.QtCore import QEvent, Qt
 from PySide6.QtWidgets import QApplication, QWidget
 
@@ -406,6 +407,34 @@ def test_compatible_custom_pair_is_accepted(make_panel, qtbot, tiny_pair) -> Non
     with qtbot.waitSignal(panel.loadRequested) as sig:
         ch.load_button.click()
     assert sig.args == [str(tiny_pair.target), str(tiny_pair.draft)]
+
+
+def test_custom_pair_names_architectures_and_drafting(make_panel, qtbot, tmp_path) -> None:
+    """A hybrid target and a mixture-of-experts draft (headers only): each model's architecture, and
+    how the pair drafts and rolls back."""
+    hybrid, moe = hybrid_and_moe(tmp_path)
+    ch = make_panel(catalog=default_catalog()).chooser
+    ch.set_target(str(hybrid))
+    ch.set_draft(str(moe))
+    with qtbot.waitSignal(ch.checked, timeout=WAIT):
+        ch.check_button.click()
+    assert ch.result is not None and ch.result.ok
+    assert ch.result.target_arch.words == "qwen35: hybrid (recurrent + attention layers)"
+    assert ch.target_facts.text().startswith("qwen35: hybrid (recurrent + attention layers)\n")
+    assert "qwen3moe: attention, mixture of 128 experts (8 per token)" in ch.draft_facts.text()
+    text = html.unescape(ch.verdict.text())
+    assert (
+        "Drafting: draft model, prompt lookup, drafting history; target rolls back by recurrent-state "
+        "snapshots (up to 16 tokens a round; longer drafts by checkpoint and replay)" in text
+    )
+    assert "the draft model by trimming its KV cache" in text
+    ch.swap()
+    with qtbot.waitSignal(ch.checked, timeout=WAIT):
+        ch.check_button.click()
+    text = html.unescape(ch.verdict.text())
+    assert (
+        "target rolls back by trimming its KV cache (any draft length); the draft model by checkpoint" in text
+    )
 
 
 def test_hub_refs_are_checked_from_headers_then_downloaded(make_panel, qtbot, fake_hub, tiny_pair) -> None:

@@ -10,6 +10,7 @@ can be downloaded, then loaded.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import threading
@@ -29,9 +30,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.gguf.arch import ArchFacts, arch_facts
 from app.gguf.compat import Compatibility, check_compatible
 from app.ui.downloads import DownloadManager
 from app.ui.richtext import escape
+from app.ui.wording import describe_pair_drafting
 from models_registry.hub import HubError, cached_model
 from models_registry.refs import resolve_model_ref
 from models_registry.remote import HfRef, ModelFacts, read_ref_metadata
@@ -82,6 +85,8 @@ class CheckResult:
     target_facts: ModelFacts | None = None
     draft_facts: ModelFacts | None = None
     error: str = ""
+    target_arch: ArchFacts | None = None
+    draft_arch: ArchFacts | None = None
 
     @property
     def ok(self) -> bool:
@@ -118,12 +123,15 @@ def run_check(target_text: str, draft_text: str, **kwargs: Any) -> CheckResult:
         metas.append(meta)
         facts.append(f)
     compat = check_compatible(metas[0], metas[1])
-    return CheckResult(compat, refs[0], refs[1], facts[0], facts[1])
+    target_arch, draft_arch = (arch_facts(m) for m in metas)
+    return CheckResult(compat, refs[0], refs[1], facts[0], facts[1], "", target_arch, draft_arch)
 
 
-def _facts_text(ref: Path | HfRef | None, f: ModelFacts | None) -> str:
+def _facts_text(ref: Path | HfRef | None, f: ModelFacts | None, arch: ArchFacts | None = None) -> str:
     if f is None:
         return ""
+    if arch is not None:
+        return f"{arch.words}\n{_facts_text(ref, f)}"
     bits = [f.architecture or "?"]
     if f.n_layers:
         bits.append(f"{f.n_layers} layers")
@@ -339,8 +347,8 @@ class PairChooser(QWidget):
             self._update_buttons()
             return
         self.result = res
-        self.target_facts.setText(_facts_text(res.target, res.target_facts))
-        self.draft_facts.setText(_facts_text(res.draft, res.draft_facts))
+        self.target_facts.setText(_facts_text(res.target, res.target_facts, res.target_arch))
+        self.draft_facts.setText(_facts_text(res.draft, res.draft_facts, res.draft_arch))
         self._render_result()
         self.checked.emit(res)
 
@@ -356,6 +364,8 @@ class PairChooser(QWidget):
             )
         else:
             extra = "Ready to load." if res.local else "Download the pair to load it (Hub files)."
+            if res.target_arch is not None and res.draft_arch is not None:
+                extra = f"{escape(describe_pair_drafting(res.target_arch, res.draft_arch))}.<br>{extra}"
             self._show("ok", f"<b>✓ Compatible</b>: the draft's vocabulary matches the target's.<br>{extra}")
         self._update_buttons()
 
@@ -371,7 +381,7 @@ class PairChooser(QWidget):
             else:
                 refs.append(ref)
         if refs != [r.target, r.draft]:
-            self.result = CheckResult(r.compat, refs[0], refs[1], r.target_facts, r.draft_facts, r.error)
+            self.result = dataclasses.replace(r, target=refs[0], draft=refs[1])
             self._render_result()
 
     def _show(self, verdict: str, html: str) -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from app.engine import Action, Decision, Declined, MemoryKind, ModelInfo, Policy, Rollback, Source
+from app.gguf.arch import ArchFacts
 from app.ui.metrics import ReplyMeter
+from models_registry.drafting import pair_drafting
 
 SOURCE_NAMES = {
     Source.MODEL: "the draft model",
@@ -125,3 +127,10 @@ def describe_memory(m: ModelInfo) -> str:
     }[m.rollback]
     arch = f"{m.architecture}: " if m.architecture else ""
     return f"{arch}{kind}{moe}; {how}"
+
+
+def describe_pair_drafting(target: ArchFacts, draft: ArchFacts) -> str:
+    """What drafting a pair supports, from its GGUF headers: "Drafting: draft model, prompt lookup, ...;
+    target rolls back by ..." (the Custom pair tab; `tandem check` prints the same)."""
+    words = pair_drafting(target, draft).words
+    return words[:1].upper() + words[1:]
