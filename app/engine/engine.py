@@ -139,7 +139,7 @@ class Engine:
             )
         try:
             tfp = file_footprint(target, settings.n_ctx)
-            dfp = file_footprint(draft, settings.n_ctx) if draft is not None else None
+            dfp = file_footprint(draft, settings.n_ctx, draft=True) if draft is not None else None
         except (GGUFError, OSError) as e:
             raise ModelLoadError(str(e)) from e
         return plan_offload(

@@ -168,8 +168,8 @@ def arch_facts(meta: GGUFMetadata) -> ArchFacts:
     """The architecture facts of a GGUF header."""
     arch = (meta.architecture or "unknown").lower()
     window = _int(meta, f"{arch}.attention.sliding_window")
-    if arch in SLIDING_WINDOW and window == 0 and arch.startswith("gemma"):
-        window = -1  # Gemma's window is fixed by llama.cpp when the header leaves it out
+    if arch == "gemma2" and window == 0:
+        window = 4096  # llama.cpp's default where a Gemma 2 header leaves it out
     kind = memory_kind(arch, sliding_window=window)
     return ArchFacts(
         architecture=arch,
