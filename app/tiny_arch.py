@@ -1,0 +1,475 @@
+"""Builder of tiny, real GGUF models of four non-llama architectures, for tests and benchmarks.
+
+``qwen35`` (Qwen3.5: Gated DeltaNet linear-attention layers, a full-attention layer every
+``full_attention_interval`` layers: hybrid memory), ``gemma3`` (sliding-window attention on some layers,
+global on the others: iSWA), ``qwen3moe`` (attention with a mixture of experts) and ``mamba2`` (a pure
+state-space model: recurrent memory only). Each file has the tokenizer and ChatML template of
+:mod:`app.tiny_gguf` (509 tokens) and random weights that llama.cpp loads and generates with.
+
+Tensor names, shapes and header keys follow the pinned llama.cpp (llama-cpp-python 0.3.36):
+``src/llama-arch.cpp`` (names), ``src/models/{qwen35,gemma3,qwen3moe,mamba2}.cpp`` (hyperparameters read
+and ``create_tensor`` shapes, ggml order: ``ne0`` first) and ``conversion/{qwen,gemma,mamba}.py`` (how a
+real checkpoint fills them: norms stored with their +1 applied, ``ssm_a = -exp(A_log)``, ``dt_bias``).
+
+A *draft* is a target's weights plus gaussian noise of ``noise`` times each tensor's standard deviation
+(``base_seed`` names the target), as in :mod:`app.tiny_gguf`. ``shape`` overrides the dimensions, e.g.
+:data:`QWEN35_2B_SHAPE` (Qwen3.5-2B); big matrices are then written as random quantized blocks directly
+(seconds for GBs): see :func:`write_tiny_model`.
+
+Imports only numpy, gguf, the standard library and :mod:`app.tiny_gguf`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, NamedTuple
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType, TokenType
+from gguf.quants import quant_shape_to_byte_shape, quantize
+
+from app.tiny_gguf import CHATML_TEMPLATE, PRE_TOKENIZER, build_tokenizer
+
+__all__ = [
+    "ARCHS",
+    "DEFAULT_NOISE",
+    "DEFAULT_SHAPES",
+    "QWEN35_0_8B_SHAPE",
+    "QWEN35_2B_SHAPE",
+    "count_params",
+    "model_shape",
+    "write_tiny_arch_pair",
+    "write_tiny_model",
+]
+
+Arch = Literal["qwen35", "gemma3", "qwen3moe", "mamba2"]
+Quant = Literal["F32", "Q4_0", "Q8_0"]
+ARCHS: tuple[str, ...] = ("qwen35", "gemma3", "qwen3moe", "mamba2")
+
+# fmt: off
+_COMMON = {"n_vocab": 0, "n_ctx_train": 4096, "tied": False}  # n_vocab 0: the tokenizer's 509 tokens
+DEFAULT_SHAPES: dict[str, dict[str, Any]] = {
+    # 3 Gated DeltaNet layers then 1 full-attention layer, like the real 3:1 pattern. 2 key heads for
+    # 4 value heads (Qwen3.5-9B has 16:32), so llama.cpp's repeat of the k heads is exercised.
+    "qwen35": dict(
+        _COMMON, n_embd=64, n_layer=4, n_ff=128, n_head=4, n_head_kv=2, head_dim=16, n_rot=8,
+        rope_sections=(2, 1, 1, 0), rope_freq_base=1e7, full_attention_interval=4, ssm_d_conv=4,
+        ssm_d_state=16, ssm_n_group=2, ssm_dt_rank=4, rms_eps=1e-6,
+    ),
+    # layers 0 and 2 see the last 16 tokens only, layers 1 and 3 everything
+    "gemma3": dict(
+        _COMMON, n_embd=64, n_layer=4, n_ff=128, n_head=4, n_head_kv=2, head_dim=16, sliding_window=16,
+        sliding_window_pattern=2, rope_freq_base=1e6, rope_freq_base_swa=1e4, rms_eps=1e-6,
+    ),
+    "qwen3moe": dict(
+        _COMMON, n_embd=64, n_layer=2, n_ff=128, n_head=4, n_head_kv=2, head_dim=16, n_expert=8,
+        n_expert_used=2, n_ff_exp=32, rope_freq_base=1e6, rms_eps=1e-6,
+    ),
+    # 8 heads of 16 channels (d_inner 128), one group of B/C of 16 states
+    "mamba2": dict(
+        _COMMON, n_embd=64, n_layer=2, ssm_d_inner=128, ssm_d_state=16, ssm_dt_rank=8, ssm_n_group=1,
+        ssm_d_conv=4, rms_eps=1e-5,
+    ),
+}
+"""The tiny shapes: F32 files of 0.5-1 MB (120-230 thousand parameters) that generate a token in well
+under a millisecond on one CPU core."""
+
+QWEN35_2B_SHAPE: dict[str, Any] = dict(
+    DEFAULT_SHAPES["qwen35"], n_vocab=248320, n_ctx_train=262144, tied=True, n_embd=2048, n_layer=24,
+    n_ff=6144, n_head=8, n_head_kv=2, head_dim=256, n_rot=64, rope_sections=(11, 11, 10, 0),
+    ssm_d_state=128, ssm_n_group=16, ssm_dt_rank=16,
+)
+"""Qwen/Qwen3.5-2B's text model (``text_config`` of its config.json, revision 15852e8c): hidden 2048,
+24 layers (18 Gated DeltaNet + 6 full attention, interval 4), intermediate 6144, 8 query heads / 2 KV heads
+of 256 (partial rotary 0.25: 64 rotated dims, mrope sections [11, 11, 10]), 16 key / 16 value linear heads
+of 128, conv kernel 4, vocabulary 248320, tied embeddings, no MTP block. 1,881,825,088 parameters, the
+count llama.cpp reports for the real GGUF. The padded vocabulary keeps the tokenizer's 509 tokens first."""
+
+QWEN35_0_8B_SHAPE: dict[str, Any] = dict(QWEN35_2B_SHAPE, n_embd=1024, n_ff=3584)
+"""Qwen/Qwen3.5-0.8B's text model (hidden 1024, intermediate 3584, otherwise as the 2B): a draft shape."""
+# fmt: on
+
+DEFAULT_NOISE: dict[str, float] = {"qwen35": 0.04, "gemma3": 0.065, "qwen3moe": 0.075, "mamba2": 0.07}
+"""Relative noise of :func:`write_tiny_arch_pair`'s draft per architecture, tuned so that its greedy token
+equals the target's on 60-65% of the target's greedy positions (measured with llama.cpp 0.3.36 over 5
+prompts and 40 generated tokens each, F32)."""
+
+RAW_MIN_ELEMENTS = 1 << 20
+"""Quantized matrices of at least this many values are random quantized blocks, not quantized floats."""
+
+_QTYPES = {"Q4_0": GGMLQuantizationType.Q4_0, "Q8_0": GGMLQuantizationType.Q8_0}
+_FILE_TYPES = {
+    "F32": LlamaFileType.ALL_F32,
+    "Q4_0": LlamaFileType.MOSTLY_Q4_0,
+    "Q8_0": LlamaFileType.MOSTLY_Q8_0,
+}
+# standard deviation of a uniformly random quant (int8 of Q8_0, nibble - 8 of Q4_0), in units of the scale
+_SPREAD = {"Q4_0": float(np.sqrt((16**2 - 1) / 12)), "Q8_0": float(np.sqrt((256**2 - 1) / 12))}
+
+
+class _T(NamedTuple):
+    """One tensor: name, ggml shape (``ne0`` first: a matrix's input size), how to draw it, a gain."""
+
+    name: str
+    ne: tuple[int, ...]
+    init: str  # mat | embd | f32mat | norm | ones | zeros | conv | a | dt_bias
+    gain: float = 1.0
+
+
+def model_shape(arch: str, shape: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The hyperparameters of ``arch``: its tiny defaults updated with ``shape`` (unknown keys refused)."""
+    if arch not in DEFAULT_SHAPES:
+        raise ValueError(f"unknown architecture {arch!r}: expected one of {', '.join(ARCHS)}")
+    out = dict(DEFAULT_SHAPES[arch])
+    unknown = set(shape or {}) - set(out)
+    if unknown:
+        raise ValueError(f"unknown {arch} shape keys {sorted(unknown)}; known: {sorted(out)}")
+    out.update(shape or {})
+    if not out["n_vocab"]:
+        out["n_vocab"] = build_tokenizer("a").n_vocab
+    return out
+
+
+def count_params(arch: str, shape: Mapping[str, Any] | None = None) -> int:
+    """Parameters of ``arch`` at ``shape`` (what ``llama_model_n_params`` reports for the written file)."""
+    return sum(int(np.prod(t.ne)) for t in _plan(arch, model_shape(arch, shape))[1])
+
+
+def _attention(p: str, s: dict[str, Any], q_mult: int = 1, rg: float = 1.0) -> list[_T]:
+    """Q/K/V/O projections and per-head Q/K norms (``create_tensor_qkv`` with separate Q, K, V)."""
+    e, hd = s["n_embd"], s["head_dim"]
+    return [
+        _T(p + "attn_q.weight", (e, hd * s["n_head"] * q_mult), "mat", 2.0),
+        _T(p + "attn_k.weight", (e, hd * s["n_head_kv"]), "mat", 2.0),
+        _T(p + "attn_v.weight", (e, hd * s["n_head_kv"]), "mat"),
+        _T(p + "attn_output.weight", (hd * s["n_head"], e), "mat", rg),
+        _T(p + "attn_q_norm.weight", (hd,), "norm"),
+        _T(p + "attn_k_norm.weight", (hd,), "norm"),
+    ]
+
+
+def _ffn(p: str, n_embd: int, n_ff: int, rg: float = 1.0) -> list[_T]:
+    return [
+        _T(p + "ffn_gate.weight", (n_embd, n_ff), "mat"),
+        _T(p + "ffn_up.weight", (n_embd, n_ff), "mat"),
+        _T(p + "ffn_down.weight", (n_ff, n_embd), "mat", rg),
+    ]
+
+
+def _plan(arch: str, s: dict[str, Any]) -> tuple[dict[str, Any], list[_T]]:
+    """The header keys (without the ``<arch>.`` prefix) and the tensors of ``arch`` at shape ``s``."""
+    e, n_layer = s["n_embd"], s["n_layer"]
+    # Projections back into the residual stream scaled by 1/sqrt(n_layer) (GPT-2's initialisation does
+    # about this): without it a random deep model is chaotic, and a draft of 24 layers agrees with its
+    # target as little at noise 0.003 as one of 4 layers at 0.03.
+    rg = float(1.0 / np.sqrt(n_layer))
+    kv: dict[str, Any] = {
+        "context_length": s["n_ctx_train"],
+        "embedding_length": e,
+        "block_count": n_layer,
+        "attention.layer_norm_rms_epsilon": float(s["rms_eps"]),
+    }
+    # gemma3 scales embeddings by sqrt(n_embd). Tied embeddings must be small: the current token's own row
+    # would otherwise dominate the logits (random weights would repeat the input token for ever).
+    embd_gain = 0.5 / np.sqrt(e) if arch == "gemma3" else 2.0 / np.sqrt(e) if s["tied"] else 0.5
+    tensors = [
+        _T("token_embd.weight", (e, s["n_vocab"]), "embd", embd_gain),
+        _T("output_norm.weight", (e,), "norm"),
+    ]
+    if not s["tied"]:
+        tensors.append(_T("output.weight", (e, s["n_vocab"]), "mat", 4.0))
+    if arch in ("qwen35", "gemma3", "qwen3moe"):
+        kv |= {
+            "feed_forward_length": s["n_ff"],
+            "attention.head_count": s["n_head"],
+            "attention.head_count_kv": s["n_head_kv"],
+            "attention.key_length": s["head_dim"],
+            "attention.value_length": s["head_dim"],
+            "rope.freq_base": float(s["rope_freq_base"]),
+        }
+    if arch == "qwen35":
+        d_state, n_group, dt_rank = s["ssm_d_state"], s["ssm_n_group"], s["ssm_dt_rank"]
+        if dt_rank % n_group:
+            raise ValueError(
+                "qwen35: ssm_dt_rank (value heads) must be a multiple of ssm_n_group (key heads)"
+            )
+        if 2 * sum(s["rope_sections"]) > s["n_rot"] or s["n_rot"] > s["head_dim"]:
+            raise ValueError("qwen35: rope_sections must cover at most n_rot / 2 pairs, n_rot <= head_dim")
+        key_dim, value_dim = d_state * n_group, d_state * dt_rank  # value head dim == key head dim
+        kv |= {
+            "rope.dimension_count": s["n_rot"],
+            "rope.dimension_sections": [int(x) for x in s["rope_sections"]],
+            "full_attention_interval": s["full_attention_interval"],
+            "ssm.conv_kernel": s["ssm_d_conv"],
+            "ssm.state_size": d_state,
+            "ssm.group_count": n_group,
+            "ssm.time_step_rank": dt_rank,
+            "ssm.inner_size": value_dim,
+        }
+        for i in range(n_layer):
+            p = f"blk.{i}."
+            tensors += [
+                _T(p + "attn_norm.weight", (e,), "norm"),
+                _T(p + "post_attention_norm.weight", (e,), "norm"),
+            ]
+            if (i + 1) % s["full_attention_interval"]:  # a Gated DeltaNet layer
+                tensors += [
+                    _T(p + "attn_qkv.weight", (e, 2 * key_dim + value_dim), "mat"),
+                    _T(p + "attn_gate.weight", (e, value_dim), "mat"),
+                    _T(p + "ssm_conv1d.weight", (s["ssm_d_conv"], 2 * key_dim + value_dim), "conv"),
+                    _T(p + "ssm_dt.bias", (dt_rank,), "dt_bias"),
+                    _T(p + "ssm_a", (dt_rank,), "a"),
+                    _T(p + "ssm_beta.weight", (e, dt_rank), "f32mat"),
+                    _T(p + "ssm_alpha.weight", (e, dt_rank), "f32mat", 0.5),
+                    _T(p + "ssm_norm.weight", (d_state,), "norm"),
+                    _T(p + "ssm_out.weight", (value_dim, e), "mat", rg),
+                ]
+            else:  # full attention: the Q projection also holds a per-head output gate
+                tensors += _attention(p, s, q_mult=2, rg=rg)
+            tensors += _ffn(p, e, s["n_ff"], rg)
+    elif arch == "gemma3":
+        kv |= {
+            "attention.sliding_window": s["sliding_window"],
+            "attention.sliding_window_pattern": s["sliding_window_pattern"],
+            "rope.freq_base_swa": float(s["rope_freq_base_swa"]),
+        }
+        for i in range(n_layer):
+            p = f"blk.{i}."
+            tensors += [_T(p + "attn_norm.weight", (e,), "norm"), *_attention(p, s)]
+            # the branches' outputs are normalised: their post-norms carry the depth scaling
+            tensors += [
+                _T(p + "post_attention_norm.weight", (e,), "norm", rg),
+                _T(p + "ffn_norm.weight", (e,), "norm"),
+            ]
+            tensors += [*_ffn(p, e, s["n_ff"]), _T(p + "post_ffw_norm.weight", (e,), "norm", rg)]
+    elif arch == "qwen3moe":
+        n_exp, n_ff_exp = s["n_expert"], s["n_ff_exp"]
+        if not 0 < s["n_expert_used"] <= n_exp:
+            raise ValueError("qwen3moe: need 0 < n_expert_used <= n_expert")
+        kv |= {
+            "expert_count": n_exp,
+            "expert_used_count": s["n_expert_used"],
+            "expert_feed_forward_length": n_ff_exp,
+        }
+        for i in range(n_layer):
+            p = f"blk.{i}."
+            tensors += [_T(p + "attn_norm.weight", (e,), "norm"), *_attention(p, s, rg=rg)]
+            tensors += [
+                _T(p + "ffn_norm.weight", (e,), "norm"),
+                _T(p + "ffn_gate_inp.weight", (e, n_exp), "f32mat", 2.0),  # the router: F32 as in real files
+                _T(p + "ffn_gate_exps.weight", (e, n_ff_exp, n_exp), "mat"),
+                _T(p + "ffn_down_exps.weight", (n_ff_exp, e, n_exp), "mat", rg),
+                _T(p + "ffn_up_exps.weight", (e, n_ff_exp, n_exp), "mat"),
+            ]
+    elif arch == "mamba2":
+        d_inner, d_state, n_group = s["ssm_d_inner"], s["ssm_d_state"], s["ssm_n_group"]
+        n_head = s["ssm_dt_rank"]
+        if d_inner % n_head or d_inner % n_group:
+            raise ValueError("mamba2: ssm_d_inner must be a multiple of ssm_dt_rank (heads) and ssm_n_group")
+        conv_dim = d_inner + 2 * n_group * d_state
+        kv |= {
+            "feed_forward_length": 0,  # unused, but written by llama.cpp's converter
+            "attention.head_count": 0,
+            "ssm.conv_kernel": s["ssm_d_conv"],
+            "ssm.inner_size": d_inner,
+            "ssm.state_size": d_state,
+            "ssm.time_step_rank": n_head,
+            "ssm.group_count": n_group,
+        }
+        for i in range(n_layer):
+            p = f"blk.{i}."
+            tensors += [
+                _T(p + "attn_norm.weight", (e,), "norm"),
+                _T(p + "ssm_in.weight", (e, d_inner + conv_dim + n_head), "mat"),  # z, xBC, dt
+                _T(p + "ssm_conv1d.weight", (s["ssm_d_conv"], conv_dim), "conv"),
+                _T(p + "ssm_conv1d.bias", (conv_dim,), "zeros"),
+                _T(p + "ssm_dt.bias", (n_head,), "dt_bias"),
+                _T(p + "ssm_a", (1, n_head), "a"),
+                _T(p + "ssm_d", (1, n_head), "ones"),
+                _T(p + "ssm_norm.weight", (d_inner // n_group, n_group), "norm"),
+                _T(p + "ssm_out.weight", (d_inner, e), "mat", rg),
+            ]
+    return kv, tensors
+
+
+def _draw(t: _T, rng: np.random.Generator) -> np.ndarray:
+    """Random F32 values of tensor ``t`` (numpy shape: ggml's reversed), at scales that keep the output
+    non-degenerate and the recurrent state bounded."""
+    shape = t.ne[::-1]
+    if t.init in ("mat", "f32mat", "conv"):
+        return rng.standard_normal(shape, dtype=np.float32) * np.float32(t.gain / np.sqrt(t.ne[0]))
+    if t.init == "embd":
+        return rng.standard_normal(shape, dtype=np.float32) * np.float32(t.gain)
+    if t.init == "norm":
+        return (t.gain * (1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32))).astype(np.float32)
+    if t.init in ("ones", "zeros"):
+        return np.full(shape, 1.0 if t.init == "ones" else 0.0, dtype=np.float32)
+    if t.init == "a":  # -exp(A_log) with A in [1, 16], as Mamba2 and Gated DeltaNet initialise it
+        return -rng.uniform(1.0, 16.0, shape).astype(np.float32)
+    if t.init == "dt_bias":  # softplus(dt_bias) = dt, log-uniform in [0.001, 0.1]
+        dt = np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), shape))
+        return (dt + np.log(-np.expm1(-dt))).astype(np.float32)
+    raise AssertionError(t.init)
+
+
+def _quantizable(t: _T, quant: str) -> bool:
+    return quant in _QTYPES and t.init in ("mat", "embd") and t.ne[0] % 32 == 0
+
+
+def _raw_blocks(
+    t: _T, quant: str, rng: np.random.Generator, noise_rng: np.random.Generator | None, noise: float
+) -> np.ndarray:
+    """Random quantized blocks of ``t`` (uniform quants, one scale of a random sign per block, giving the
+    F32 path's deviation).
+
+    A draft's noise replaces a random fraction (a binomial count, at uniform positions) of the quant
+    bytes with fresh random ones: ``noise**2 / 2`` of Q8_0's, ``noise**2 / 4`` of Q4_0's (two quants a
+    byte), which deviates from the base by about ``noise`` relative, like the F32 path's gaussian noise.
+    """
+    qtype = _QTYPES[quant]
+    byte_shape = quant_shape_to_byte_shape(t.ne[::-1], qtype)
+    block_bytes = 34 if quant == "Q8_0" else 18
+    data = np.frombuffer(bytearray(rng.bytes(int(np.prod(byte_shape)))), dtype=np.uint8).reshape(
+        -1, block_bytes
+    )
+    std = t.gain if t.init == "embd" else t.gain / np.sqrt(t.ne[0])
+    lo, hi = np.frombuffer(np.float16(std / _SPREAD[quant]).tobytes(), dtype=np.uint8)
+    data[:, 0] = lo
+    data[:, 1] = (data[:, 1] & 0x80) | hi  # a random sign per block: uniform quants have mean -0.5
+    if noise_rng is not None and noise > 0:
+        n_quant_bytes = data.shape[0] * (block_bytes - 2)
+        per_byte = 4 if quant == "Q4_0" else 2  # a Q4_0 byte holds two quants
+        where = noise_rng.integers(
+            0, n_quant_bytes, noise_rng.binomial(n_quant_bytes, min(1.0, noise**2 / per_byte))
+        )
+        fresh = noise_rng.integers(0, 256, len(where), dtype=np.uint8)
+        data[where // (block_bytes - 2), 2 + where % (block_bytes - 2)] = fresh
+    return data.reshape(byte_shape)
+
+
+def write_tiny_model(
+    path: str | Path,
+    arch: Arch,
+    *,
+    seed: int = 0,
+    base_seed: int | None = None,
+    noise: float = 0.0,
+    quant: Quant = "F32",
+    shape: Mapping[str, Any] | None = None,
+    name: str | None = None,
+) -> Path:
+    """Write a GGUF of architecture ``arch`` with random weights to ``path`` and return the path.
+
+    ``shape`` overrides hyperparameters of :data:`DEFAULT_SHAPES` (see :func:`model_shape`), e.g.
+    :data:`QWEN35_2B_SHAPE`; an ``n_vocab`` above 509 pads the vocabulary with tokens ``<padN>``.
+
+    Weights are drawn tensor by tensor from ``numpy.random.default_rng([seed, i])``. With ``base_seed``
+    they are the weights of model ``base_seed`` plus gaussian noise (from ``seed``) of ``noise`` times each
+    tensor's standard deviation: a draft of that model. Deterministic.
+
+    ``quant`` "Q4_0" or "Q8_0" quantizes the weight matrices (norms, convolutions, state-space parameters
+    and the MoE router stay F32). Matrices of at least :data:`RAW_MIN_ELEMENTS` values are written as
+    random quantized blocks directly, which takes seconds for a 2B model where quantizing floats would
+    take many minutes; "F32" is refused for models above 2**28 parameters.
+
+    At a real shape a draft is far more sensitive to ``noise`` than a tiny one (24 layers, 248320 logits
+    with small gaps): about 0.01 gives the ~60% agreement that :data:`DEFAULT_NOISE` gives the tiny ones
+    (measured at :data:`QWEN35_0_8B_SHAPE` and :data:`QWEN35_2B_SHAPE`, Q4_0). Most tokens such a model
+    generates are ``<padN>`` ones, its vocabulary being mostly padding.
+    """
+    if quant not in _FILE_TYPES:
+        raise ValueError(f"quant must be one of {', '.join(_FILE_TYPES)}, not {quant!r}")
+    s = model_shape(arch, shape)
+    kv, tensors = _plan(arch, s)
+    n_params = sum(int(np.prod(t.ne)) for t in tensors)
+    if quant == "F32" and n_params > 1 << 28:
+        raise ValueError(f"{n_params:,} parameters in F32: give quant='Q4_0' or 'Q8_0' for a model this big")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = GGUFWriter(path, arch)
+    writer.add_name(name or f"tiny-{arch}")
+    writer.add_file_type(_FILE_TYPES[quant])
+    writer.add_vocab_size(s["n_vocab"])
+    for key, value in kv.items():
+        full = f"{arch}.{key}"
+        if isinstance(value, list):
+            writer.add_array(full, value)
+        elif isinstance(value, float):
+            writer.add_float32(full, value)
+        else:
+            writer.add_uint32(full, int(value))
+
+    tok = build_tokenizer("a")
+    tokens, types = list(tok.tokens), list(tok.types)
+    if s["n_vocab"] < tok.n_vocab:
+        raise ValueError(f"n_vocab {s['n_vocab']} is below the tokenizer's {tok.n_vocab} tokens")
+    tokens += [f"<pad{i}>" for i in range(s["n_vocab"] - tok.n_vocab)]
+    types += [int(TokenType.NORMAL)] * (s["n_vocab"] - tok.n_vocab)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(PRE_TOKENIZER)
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(list(tok.merges))
+    writer.add_bos_token_id(tok.bos_id)
+    writer.add_eos_token_id(tok.eos_id)
+    writer.add_eot_token_id(tok.eos_id)
+    writer.add_pad_token_id(tok.bos_id)
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(CHATML_TEMPLATE)
+
+    # Tensor infos first, data afterwards one tensor at a time: a big model never sits in memory whole.
+    for t in tensors:
+        np_shape = t.ne[::-1]
+        if _quantizable(t, quant):
+            qtype = _QTYPES[quant]
+            byte_shape = quant_shape_to_byte_shape(np_shape, qtype)
+            writer.add_tensor_info(
+                t.name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=qtype
+            )
+        else:
+            writer.add_tensor_info(t.name, np_shape, np.dtype(np.float32), 4 * int(np.prod(np_shape)))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for i, t in enumerate(tensors):
+        rng = np.random.default_rng([seed if base_seed is None else base_seed, i])
+        noise_rng = None if base_seed is None else np.random.default_rng([seed, i, 1])
+        if _quantizable(t, quant) and int(np.prod(t.ne)) >= RAW_MIN_ELEMENTS:
+            writer.write_tensor_data(_raw_blocks(t, quant, rng, noise_rng, noise))
+            continue
+        w = _draw(t, rng)
+        if noise_rng is not None and noise > 0:
+            w = w + np.float32(noise * float(w.std())) * noise_rng.standard_normal(w.shape, dtype=np.float32)
+            if t.init == "a":
+                w = np.minimum(w, np.float32(-1e-3))  # a decay must stay a decay
+            w = w.astype(np.float32)
+        writer.write_tensor_data(quantize(w, _QTYPES[quant]) if _quantizable(t, quant) else w)
+    writer.close()
+    return path
+
+
+def write_tiny_arch_pair(
+    directory: str | Path,
+    arch: Arch,
+    *,
+    noise: float | None = None,
+    quant: Quant = "F32",
+) -> tuple[Path, Path]:
+    """Write a target (seed 0) of ``arch`` and its draft (its weights plus ``noise``, by default
+    :data:`DEFAULT_NOISE` of the architecture) into ``directory``; both share the tokenizer."""
+    directory = Path(directory)
+    suffix = "" if quant == "F32" else f"-{quant.lower()}"
+    target = write_tiny_model(
+        directory / f"tiny-{arch}-target{suffix}.gguf", arch, seed=0, quant=quant, name=f"tiny-{arch}-target"
+    )
+    draft = write_tiny_model(
+        directory / f"tiny-{arch}-draft{suffix}.gguf",
+        arch,
+        seed=1,
+        base_seed=0,
+        noise=DEFAULT_NOISE[arch] if noise is None else noise,
+        quant=quant,
+        name=f"tiny-{arch}-draft",
+    )
+    return target, draft
