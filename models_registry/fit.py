@@ -6,7 +6,8 @@ Estimate of what a pair needs (all in bytes)::
     KV cache  = 2 (K and V) * n_kv_heads * head_dim * 2 (f16) * cells, over the layers with a KV cache
                 (`kv_layers`): n_ctx cells a full layer, min(n_ctx, window + 512) padded to 256 a
                 sliding-window one (`sliding_layers`)
-    recurrent = a hybrid or recurrent model's state (`recurrent_state`) * (1 + the engine's snapshots)
+    recurrent = a hybrid or recurrent model's state (`recurrent_state`) * (1 + the engine's snapshots),
+                and CHECKPOINT_SLOTS more copies the engine saves in RAM
     compute   = COMPUTE_BUFFER per model (llama.cpp's graph buffers at n_batch=512, logits included)
     overhead  = RUNTIME_OVERHEAD once (backend context, scratch, process)
 
@@ -25,7 +26,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from app.gguf.memory import COMPUTE_BUFFER, RUNTIME_OVERHEAD, kv_cache_bytes, recurrent_bytes
+from app.gguf.memory import (
+    CHECKPOINT_SLOTS,
+    COMPUTE_BUFFER,
+    RUNTIME_OVERHEAD,
+    kv_cache_bytes,
+    recurrent_bytes,
+)
 
 from .catalog import Catalog, CatalogModel, Pair, QuantFile, default_catalog
 from .machine import (
@@ -105,10 +112,11 @@ class ModelNeed:
     n_layers: int
     n_ctx: int
     recurrent: int = 0  # the recurrent state with the engine's snapshots
+    checkpoints: int = 0  # the engine's saved copies of the recurrent state, in RAM
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv + self.recurrent + self.compute
+        return self.weights + self.kv + self.recurrent + self.checkpoints + self.compute
 
     @property
     def per_layer(self) -> int:
@@ -134,7 +142,7 @@ def estimate_model(
     state = recurrent_bytes(model.recurrent_state, model.architecture, snapshots=0 if draft else None)
     return ModelNeed(
         name=model.id, weights=size, kv=kv, compute=COMPUTE_BUFFER, n_layers=model.n_layers, n_ctx=ctx,
-        recurrent=state,
+        recurrent=state, checkpoints=CHECKPOINT_SLOTS * model.recurrent_state,
     )  # fmt: skip
 
 

@@ -229,7 +229,8 @@ def test_qwen35_hybrid_header() -> None:
     assert fp.kv == 6 * 4096 * 2 * (256 + 256) * 2 == 50_331_648
     assert fp.recurrent == 20_201_472 * (1 + memory.RECURRENT_SNAPSHOTS) == 343_425_024
     assert memory.footprint(meta, 1000, 4096, snapshots=0).recurrent == 20_201_472
-    assert fp.total == 1000 + 50_331_648 + 343_425_024 + memory.COMPUTE_BUFFER
+    assert fp.checkpoints == memory.CHECKPOINT_SLOTS * 20_201_472  # the engine's saved copies
+    assert fp.total == 1000 + 50_331_648 + 343_425_024 + fp.checkpoints + memory.COMPUTE_BUFFER
     # an explicit per-layer list of recurrent layers wins over the interval
     listed = GGUFMetadata(3, 0, {**meta.kv, "qwen35.attention.recurrent_layers": [True, False] * 12}, 0)
     assert (layer_layout(listed).kv_layers, layer_layout(listed).recurrent_layers) == (12, 12)
@@ -315,7 +316,8 @@ def test_catalog_hybrid_and_window_estimates() -> None:
                                  recurrent_state=20_201_472)  # fmt: skip
     need = fit.estimate_model(hybrid, n_ctx=4096)
     assert need.kv == 50_331_648 and need.recurrent == 20_201_472 * 17
-    assert need.total == 500_000_000 + 50_331_648 + 20_201_472 * 17 + fit.COMPUTE_BUFFER
+    assert need.checkpoints == 2 * 20_201_472  # the engine's saved copies, in RAM
+    assert need.total == 500_000_000 + 50_331_648 + 20_201_472 * 19 + fit.COMPUTE_BUFFER
     swa = dataclasses.replace(model("s", **base), architecture="gemma3", sliding_window=1024,
                               sliding_layers=20)  # fmt: skip
     assert fit.estimate_model(swa, n_ctx=8192).kv == (4 * 8192 + 20 * 1536) * 2 * 512 * 2

@@ -27,8 +27,9 @@ from app.gguf.meta import GGUFMetadata, read_metadata_file
 from app.gguf.split import first_part, model_bytes
 
 __all__ = [
-    "COMPUTE_BUFFER", "GPU_RESERVE", "KV_BYTES_PER_ELEMENT", "N_UBATCH", "RECURRENT_SNAPSHOTS",
-    "RUNTIME_OVERHEAD", "STATE_BYTES_PER_ELEMENT", "SWA_PAD", "Footprint", "GiB", "MiB", "expert_weights",
+    "CHECKPOINT_SLOTS", "COMPUTE_BUFFER", "GPU_RESERVE", "KV_BYTES_PER_ELEMENT", "N_UBATCH",
+    "RECURRENT_SNAPSHOTS", "RUNTIME_OVERHEAD", "STATE_BYTES_PER_ELEMENT", "SWA_PAD", "Footprint", "GiB",
+    "MiB", "expert_weights",
     "file_footprint", "footprint", "kv_cache_bytes", "recurrent_bytes", "snapshots_for", "swa_cells",
 ]  # fmt: skip
 
@@ -43,6 +44,8 @@ RECURRENT_SNAPSHOTS = 16
 """Per-token recurrent-state snapshots the engine keeps per sequence (``n_rs_seq``) for the
 architectures in `app.gguf.arch.SNAPSHOTS`: a rejected draft of up to this many tokens rolls back by
 snapshot; a longer one by checkpoint and replay."""
+CHECKPOINT_SLOTS = 2
+"""Copies of a recurrent state the engine keeps in RAM (before a round's batch, at a prompt's end)."""
 
 
 def kv_cache_bytes(
@@ -83,6 +86,7 @@ class Footprint:
     n_layer: int  # repeating layers; llama.cpp offloads these and the output layer
     kv: int
     recurrent: int = 0
+    checkpoints: int = 0  # copies of the recurrent state the engine keeps in RAM for longer rollbacks
 
     @property
     def layers_total(self) -> int:
@@ -95,7 +99,7 @@ class Footprint:
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv + self.recurrent + COMPUTE_BUFFER
+        return self.weights + self.kv + self.recurrent + self.checkpoints + COMPUTE_BUFFER
 
 
 def footprint(
@@ -107,7 +111,9 @@ def footprint(
     n = 0 if draft and snapshots is None else snapshots
     state = recurrent_bytes(layout.recurrent_state, layout.architecture, snapshots=n)
     kv = layout.kv_bytes(n_ctx, swa_full=draft)
-    return Footprint(weights, layout.n_layer, kv, state if layout.recurrent_layers else 0)
+    if not layout.recurrent_layers:
+        return Footprint(weights, layout.n_layer, kv)
+    return Footprint(weights, layout.n_layer, kv, state, CHECKPOINT_SLOTS * layout.recurrent_state)
 
 
 def expert_weights(meta: GGUFMetadata) -> tuple[int, int] | None:
