@@ -35,6 +35,7 @@ __all__ = [
     "ARCHS",
     "DEFAULT_NOISE",
     "DEFAULT_SHAPES",
+    "DENSE_2B_SHAPE",
     "QWEN35_0_8B_SHAPE",
     "QWEN35_2B_SHAPE",
     "count_params",
@@ -43,7 +44,7 @@ __all__ = [
     "write_tiny_model",
 ]
 
-Arch = Literal["qwen35", "gemma3", "qwen3moe", "mamba2"]
+Arch = Literal["qwen35", "gemma3", "qwen3moe", "mamba2", "qwen3"]
 Quant = Literal["F32", "Q4_0", "Q8_0"]
 ARCHS: tuple[str, ...] = ("qwen35", "gemma3", "qwen3moe", "mamba2")
 
@@ -61,6 +62,11 @@ DEFAULT_SHAPES: dict[str, dict[str, Any]] = {
     "gemma3": dict(
         _COMMON, n_embd=64, n_layer=4, n_ff=128, n_head=4, n_head_kv=2, head_dim=16, sliding_window=16,
         sliding_window_pattern=2, rope_freq_base=1e6, rope_freq_base_swa=1e4, rms_eps=1e-6,
+    ),
+    # a dense attention model (Qwen3: per-head Q/K norms), for benchmarks to set beside the others
+    "qwen3": dict(
+        _COMMON, n_embd=64, n_layer=2, n_ff=128, n_head=4, n_head_kv=2, head_dim=16, rope_freq_base=1e6,
+        rms_eps=1e-6,
     ),
     "qwen3moe": dict(
         _COMMON, n_embd=64, n_layer=2, n_ff=128, n_head=4, n_head_kv=2, head_dim=16, n_expert=8,
@@ -85,6 +91,13 @@ QWEN35_2B_SHAPE: dict[str, Any] = dict(
 of 256 (partial rotary 0.25: 64 rotated dims, mrope sections [11, 11, 10]), 16 key / 16 value linear heads
 of 128, conv kernel 4, vocabulary 248320, tied embeddings, no MTP block. 1,881,825,088 parameters, the
 count llama.cpp reports for the real GGUF. The padded vocabulary keeps the tokenizer's 509 tokens first."""
+
+DENSE_2B_SHAPE: dict[str, Any] = dict(
+    DEFAULT_SHAPES["qwen3"], n_vocab=248320, n_ctx_train=262144, tied=True, n_embd=2048, n_layer=26,
+    n_ff=6144, n_head=16, n_head_kv=8, head_dim=128,
+)
+"""A dense attention model (``qwen3``: Qwen3-1.7B's layer, 26 of them) with Qwen3.5-2B's vocabulary and
+width: about the same size as :data:`QWEN35_2B_SHAPE`, every layer attention."""
 
 QWEN35_0_8B_SHAPE: dict[str, Any] = dict(QWEN35_2B_SHAPE, n_embd=1024, n_ff=3584)
 """Qwen/Qwen3.5-0.8B's text model (hidden 1024, intermediate 3584, otherwise as the 2B): a draft shape."""
@@ -179,7 +192,7 @@ def _plan(arch: str, s: dict[str, Any]) -> tuple[dict[str, Any], list[_T]]:
     ]
     if not s["tied"]:
         tensors.append(_T("output.weight", (e, s["n_vocab"]), "mat", 4.0))
-    if arch in ("qwen35", "gemma3", "qwen3moe"):
+    if arch in ("qwen35", "gemma3", "qwen3moe", "qwen3"):
         kv |= {
             "feed_forward_length": s["n_ff"],
             "attention.head_count": s["n_head"],
@@ -243,6 +256,11 @@ def _plan(arch: str, s: dict[str, Any]) -> tuple[dict[str, Any], list[_T]]:
                 _T(p + "ffn_norm.weight", (e,), "norm"),
             ]
             tensors += [*_ffn(p, e, s["n_ff"]), _T(p + "post_ffw_norm.weight", (e,), "norm", rg)]
+    elif arch == "qwen3":
+        for i in range(n_layer):
+            p = f"blk.{i}."
+            tensors += [_T(p + "attn_norm.weight", (e,), "norm"), *_attention(p, s, rg=rg)]
+            tensors += [_T(p + "ffn_norm.weight", (e,), "norm"), *_ffn(p, e, s["n_ff"], rg)]
     elif arch == "qwen3moe":
         n_exp, n_ff_exp = s["n_expert"], s["n_ff_exp"]
         if not 0 < s["n_expert_used"] <= n_exp:
