@@ -414,11 +414,13 @@ def _keeper(folder: str | None, target: Path) -> HistoryKeeper | None:
     from app.engine.keeper import HistoryKeeper
 
     try:
-        fingerprint = compat.vocab_fingerprint(read_metadata_file(target))[:16]
+        meta = read_metadata_file(target)
+        fingerprint = compat.vocab_fingerprint(meta)[:16]
     except (GGUFError, OSError) as e:
         log.warning("no drafting history: cannot read the target's vocabulary: %s", e)
         return None
-    return HistoryKeeper(folder, fingerprint)
+    n_vocab = compat.vocab_info(meta).n_vocab  # a file with token ids outside it is refused
+    return HistoryKeeper(folder, fingerprint, n_vocab=n_vocab or None)
 
 
 def _model_path(path: str) -> Path:

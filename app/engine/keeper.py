@@ -21,8 +21,9 @@ SAVE_EVERY = 60.0  # seconds: a crash loses at most this much of what was learne
 class HistoryKeeper:
     """The history store and its drafter for one loaded pair."""
 
-    def __init__(self, folder: str | Path, fingerprint: str):
-        self.store = HistoryStore(Path(folder), fingerprint)
+    def __init__(self, folder: str | Path, fingerprint: str, *, n_vocab: int | None = None):
+        """``n_vocab``: the family's vocabulary size; a file holding token ids outside it is refused."""
+        self.store = HistoryStore(Path(folder), fingerprint, n_vocab=n_vocab)
         self.store.load_in_background()
         self.drafter = HistoryDrafter(self.store.index)
         self._saved = time.monotonic()
@@ -43,6 +44,9 @@ class HistoryKeeper:
         except OSError as e:
             log.warning("could not save the drafting history: %s", e)
             return
+        except Exception:  # never let the history stop a request
+            log.exception("could not save the drafting history")
+            return
         self._saved = time.monotonic()
         self._dirty = False
 
@@ -57,13 +61,18 @@ class HistoryKeeper:
         )
 
     def forget(self) -> HistoryInfo:
-        self.store.forget()
-        self._dirty = False
+        try:
+            self.store.forget()
+        except Exception as e:  # emptied all the same; the file is written at the next save
+            log.warning("could not forget the drafting history on disk: %s", e)
+            self.store.index.clear()
+            self._dirty = True
+        else:
+            self._dirty = False
         return self.info()
 
     def remove(self, documents: Sequence[str]) -> HistoryInfo:
-        for doc in documents:
-            self.store.index.remove(doc)
+        self.store.remove(documents)
         self._dirty = True
         self.save()
         return self.info()

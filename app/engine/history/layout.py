@@ -4,7 +4,7 @@ sizes of the saved file (see :mod:`.store`) that bound the index."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -14,11 +14,36 @@ MASK = (1 << 64) - 1
 POS = np.uint64((1 << 32) - 1)  # an entry's low 32 bits: its position
 _B = 0x9E3779B97F4A7C15  # the hash's odd multiplier
 # The saved file: a header and the fingerprint, the tokens (int32, separators and the sentinel
-# included), per document a record and its ranges (two uint32 each), a CRC32.
-HEADER_BYTES = 40
+# included), per document a record and its ranges (two uint32 each), the removed documents' ids, a CRC32.
+HEADER_BYTES = 64
 DOC_RECORD_BYTES = 18
 RANGE_BYTES = 8
+TOMBSTONE_BYTES = 10  # an id's length u16 and when it was removed f64, then the id
 CRC_BYTES = 4
+KEEP_TOMBSTONES = 4096  # the most recent removals a file remembers
+
+
+def file_limit(max_bytes: int) -> int:
+    """The largest file the store reads for a bound of ``max_bytes``: the bound, the removals' record and
+    a margin (the most recent document is kept even if it alone is over the bound)."""
+    return max_bytes + max_bytes // 8 + (1 << 20)
+
+
+@dataclass
+class Shared:
+    """What a file tells the processes that share it, beyond its documents: how many times it was written
+    (``generation``), when everything was last forgotten, and when each recently removed document was."""
+
+    generation: int = 0
+    forgotten_at: float = 0.0
+    tombstones: dict[str, float] = field(default_factory=dict)
+
+    def nbytes(self) -> int:
+        return sum(TOMBSTONE_BYTES + len(d.encode()) for d in self.tombstones)
+
+    def dead(self, doc_id: str, used: float) -> bool:
+        """Whether a version of ``doc_id`` written at ``used`` was forgotten or removed since."""
+        return used <= self.forgotten_at or used <= self.tombstones.get(doc_id, -1.0)
 
 
 def gram_keys(tokens: np.ndarray, k: int) -> np.ndarray:
