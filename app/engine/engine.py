@@ -37,6 +37,7 @@ from app.engine.policy import (
     PassPolicy,
     PlainPolicy,
 )
+from app.engine.prompt import PromptTokenizer, SpecialToken, TooManyTokens
 from app.engine.sequence import MemoryInfo, probe_rollback
 from app.engine.settings import MODES, GenerationSettings, LoadSettings
 from app.engine.speculative import TargetCache, generate
@@ -50,6 +51,8 @@ if TYPE_CHECKING:
     from app.engine.keeper import HistoryKeeper
 
 log = logging.getLogger("tandem.engine")
+
+_UNKNOWN, _USER_DEFINED = 2, 4  # GGUF token types llama.cpp matches by their text, as control tokens
 
 __all__ = ["MODES", "Engine", "EngineError", "GenerationSettings", "IncompatibleDraftError", "LoadSettings"]
 
@@ -238,18 +241,71 @@ class Engine:
                 self._draft_ctx.clear()
 
     # -- prompts ------------------------------------------------------------------------------------
-    def tokenize(self, text: str) -> list[int]:
-        """Raw text to prompt tokens (BOS added if the model wants it)."""
-        return self.target.tokenize(text, add_special=True, parse_special=False)
+    def tokenize(
+        self, text: str, *, cancel: Callable[[], bool] | None = None, limit: int | None = None
+    ) -> list[int]:
+        """Raw text to prompt tokens (BOS added if the model wants it; no special tokens parsed).
+        Linear in the text; ``cancel`` and ``limit`` as in :meth:`chat_prompt`."""
+        pt = self._prompt_tokens()
+        segments = pt.text_segments(text)
+        if len(segments) <= 1 and not any(isinstance(s, int) for s in segments):
+            ids = self.target.tokenize(text, add_special=True, parse_special=False)
+            if limit is not None and len(ids) > limit:
+                raise TooManyTokens(limit)
+            return ids
+        bos = [self.target.bos] if self.target.add_bos else []
+        ids = pt.tokens(segments, prefix=bos, cancel=cancel, limit=limit)
+        return [*ids, self.target.eos] if self.target.add_eos else ids
 
-    def chat_prompt(self, messages: Sequence[Message | Mapping[str, str]]) -> list[int]:
-        """Render the chat with the model's template and tokenize it (special tokens parsed)."""
-        text = self.template.render(messages, add_generation_prompt=True)
+    def chat_prompt(
+        self,
+        messages: Sequence[Message | Mapping[str, str]],
+        *,
+        cancel: Callable[[], bool] | None = None,
+        limit: int | None = None,
+    ) -> list[int]:
+        """Render the chat with the model's template and tokenize it: the template's markers are special
+        tokens, each message's content is text (special-token text in it is not parsed: a message
+        cannot fake a turn). Linear in the prompt's length (:class:`PromptTokenizer`): ``cancel()`` is
+        checked as it goes (:class:`TokenizeCancelled`), and a prompt of more than ``limit`` tokens
+        stops early (:class:`TooManyTokens`)."""
+        pt = self._prompt_tokens()
+        text = self.template.render(pt.mask(messages), add_generation_prompt=True)
         add_bos = self.target.add_bos and not (
             self.template.bos_token and text.startswith(self.template.bos_token)
         )
-        ids = self.target.tokenize(text, add_special=False, parse_special=True)
-        return [self.target.bos, *ids] if add_bos else ids
+        prefix = [self.target.bos] if add_bos else []
+        return pt.tokens(pt.segments(text), prefix=prefix, cancel=cancel, limit=limit)
+
+    def _prompt_tokens(self) -> PromptTokenizer:
+        """The target's special tokens as llama.cpp matches them (built on first use): control tokens,
+        and the unknown and user-defined tokens the GGUF names."""
+        pt: PromptTokenizer | None = getattr(self, "_prompt_tokenizer", None)
+        if pt is not None:
+            return pt
+        model = self.target
+        kinds = dict.fromkeys(model.control_tokens, False)
+        try:
+            types = read_metadata_file(model.path).get("tokenizer.ggml.token_type") or []
+        except (OSError, GGUFError):
+            types = []
+        for t, kind in enumerate(types[: model.n_vocab]):
+            if kind in (_UNKNOWN, _USER_DEFINED):
+                kinds.setdefault(t, kind == _USER_DEFINED)
+        specials = [SpecialToken(t, model.token_text(t), always) for t, always in kinds.items()]
+
+        def plain(text: str) -> list[int]:
+            return model.tokenize(text, add_special=False, parse_special=False)
+
+        def strip(token: int) -> tuple[bool, bool]:
+            text = model.token_text(token)
+            left = model.tokenize(" " + text, add_special=False, parse_special=True) == [token]
+            right = model.tokenize(text + " ", add_special=False, parse_special=True) == [token]
+            return left, right
+
+        pt = PromptTokenizer(specials, plain, strip)
+        self._prompt_tokenizer = pt
+        return pt
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return self.target.detokenize(tokens).decode("utf-8", errors="replace")

@@ -1,5 +1,7 @@
 """The HTTP API: ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions`` (each streamed or not)
-and ``/health``, with OpenAI's error bodies, an API key, a Host check and optional CORS."""
+and ``/health``, with OpenAI's error bodies, an API key, a Host check and optional CORS; every request
+bounded (:mod:`app.server.limits`) before the engine sees it, and the engine watched
+(:mod:`app.server.health`)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import hmac
 import json
 import logging
 from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -30,6 +33,16 @@ from app.engine import (
     Step,
 )
 from app.server import responses as R
+from app.server.errors import ApiError, unavailable
+from app.server.health import Watchdog, health_response
+from app.server.limits import (
+    BodyLimit,
+    Limits,
+    check_chars,
+    check_messages,
+    check_stop,
+    check_token_ids,
+)
 from app.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -38,33 +51,11 @@ from app.server.schemas import (
     stop_strings,
     unsupported,
 )
-from app.server.served import Generation, Served
+from app.server.served import Generation, Served, Stalled, Unavailable
 
 log = logging.getLogger("tandem.server")
 
 POLL_DISCONNECT = 0.1  # seconds between checks that a waiting client is still there
-
-
-class ApiError(Exception):
-    """An error answered with OpenAI's error body."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        kind: str = "invalid_request_error",
-        *,
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ):
-        super().__init__(message)
-        self.status, self.message, self.kind = status, message, kind
-        self.param, self.code, self.headers = param, code, headers
-
-    def response(self) -> JSONResponse:
-        body = R.error_body(self.message, self.kind, self.param, self.code)
-        return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 
 def create_app(
@@ -73,9 +64,29 @@ def create_app(
     api_key: str | None = None,
     allowed_hosts: Iterable[str] | None = None,
     cors_origins: Iterable[str] = (),
+    limits: Limits | None = None,
+    watchdog: bool = True,
 ) -> FastAPI:
-    """The API over ``served``. ``allowed_hosts``: the Host header values accepted (None: any)."""
-    app = FastAPI(title="Tandem", docs_url=None, redoc_url=None, openapi_url=None)
+    """The API over ``served``. ``allowed_hosts``: the Host header values accepted (None: any).
+    ``limits``: what a request, a connection and the engine may take (also read by
+    :func:`app.server.connections.uvicorn_config` from ``app.state.limits``); ``watchdog``: restart a
+    dead or stuck engine while the server runs."""
+    limits = limits or Limits()
+    dog = Watchdog(served, limits) if watchdog else None
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if dog is not None:
+            dog.start()
+        try:
+            yield
+        finally:
+            if dog is not None:
+                dog.stop()
+            served.close()
+
+    app = FastAPI(title="Tandem", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app.state.limits = limits
     origins = list(cors_origins)
     if origins:
         app.add_middleware(
@@ -84,6 +95,7 @@ def create_app(
             allow_methods=["GET", "POST", "OPTIONS"],
             allow_headers=["Authorization", "Content-Type"],
         )
+    app.add_middleware(BodyLimit, limits=limits)
     app.add_middleware(_Guard, api_key=api_key, allowed_hosts=allowed_hosts)
 
     @app.exception_handler(ApiError)
@@ -92,13 +104,7 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, e: RequestValidationError) -> JSONResponse:
-        first = e.errors()[0] if e.errors() else {}
-        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-        param = _param(loc)
-        message = (
-            f"{param}: {first.get('msg', 'invalid value')}" if param else "the request body is not valid JSON"
-        )
-        return ApiError(400, message, param=param or None).response()
+        return _validation_error(e.errors()).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, e: StarletteHTTPException) -> JSONResponse:
@@ -106,15 +112,13 @@ def create_app(
             return ApiError(404, f"no route {request.url.path}", code="unknown_url").response()
         if e.status_code == 405:
             return ApiError(405, f"{request.method} is not allowed on {request.url.path}").response()
+        if e.status_code == 400:  # FastAPI could not parse the body (nested too deep, not UTF-8, ...)
+            return ApiError(400, "the request body is not valid JSON").response()
         return ApiError(e.status_code, str(e.detail)).response()
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        if served.restarting:
-            return JSONResponse({"status": "restarting"}, status_code=503, headers={"Retry-After": "2"})
-        if not served.ready():
-            return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": "2"})
-        return JSONResponse({"status": "ok", "model": served.model_id, "waiting": served.turns.waiting})
+        return health_response(served, dog)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -127,11 +131,13 @@ def create_app(
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(req: ChatCompletionRequest, request: Request) -> Any:
-        messages = [{"role": _role(m.role), "content": message_text(m)} for m in req.messages]
         if any(m.role == "tool" for m in req.messages):
             raise ApiError(400, "tool messages are not supported", param="messages")
+        messages = [{"role": _role(m.role), "content": message_text(m)} for m in req.messages]
+        chars = sum(len(m["content"]) for m in messages)
+        check_messages(len(messages), chars, limits, served.n_ctx)
         max_tokens = req.max_completion_tokens or req.max_tokens
-        gen = _generation(served, req, max_tokens, messages=messages)
+        gen = _generation(served, limits, req, max_tokens, messages=messages)
         return await _respond(served, gen, request, req, chat=True)
 
     @app.post("/v1/completions", response_model=None)
@@ -141,15 +147,40 @@ def create_app(
             prompt = prompt[0]
         if not prompt:
             raise ApiError(400, "the prompt is empty", param="prompt")
-        gen = _generation(served, req, req.max_tokens, prompt=prompt)  # type: ignore[arg-type]
+        if isinstance(prompt, str):
+            check_chars(len(prompt), limits, served.n_ctx, "prompt")
+        else:
+            check_token_ids(prompt, served.n_ctx, served.n_vocab)
+        gen = _generation(served, limits, req, req.max_tokens, prompt=prompt)
         return await _respond(served, gen, request, req, chat=False)
 
     return app
 
 
+def _validation_error(errors: list[Any]) -> ApiError:
+    """A request pydantic refused, named plainly: the field and why, or what is wrong with the JSON."""
+    first = errors[0] if errors else {}
+    if first.get("type") == "json_invalid":
+        where = first.get("loc", ("body", 0))[-1]
+        why = (first.get("ctx") or {}).get("error", "JSON decode error")
+        return ApiError(400, f"the request body is not valid JSON: {why} (at character {where})")
+    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+    param = _param(loc)
+    if not param:
+        return ApiError(400, "the request body must be a JSON object with the request's fields")
+    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    if first.get("type") == "missing":
+        msg = "this field is required"
+    return ApiError(400, f"{param}: {msg}", param=param)
+
+
 def _param(loc: list[str]) -> str:
     out = ""
     for part in loc:
+        if not part.isdigit() and not part.isidentifier():
+            continue  # a branch of a union ("str", "list[int]", "function-after[...]")
+        if part in ("str", "int", "float", "bool", "list"):
+            continue
         out += f"[{part}]" if part.isdigit() else (f".{part}" if out else part)
     return out
 
@@ -160,6 +191,7 @@ def _role(role: str) -> str:
 
 def _generation(
     served: Served,
+    limits: Limits,
     req: Sampling,
     max_tokens: int | None,
     *,
@@ -172,11 +204,11 @@ def _generation(
     bad = unsupported(req)
     if bad is not None:
         raise ApiError(400, bad[1], param=bad[0], code="unsupported_parameter")
-    if not served.available:
-        what = "restarting after a crash" if served.restarting else "loading the model"
-        raise ApiError(
-            503, f"the engine is {what}; try again shortly", "server_error", headers={"Retry-After": "2"}
-        )
+    stop = stop_strings(req.stop)
+    check_stop(stop, limits)
+    problem = served.unavailable()
+    if problem is not None:
+        raise unavailable(str(problem), problem.retry_after)
     d = served.defaults
     try:
         settings = GenerationSettings.from_options(
@@ -189,8 +221,8 @@ def _generation(
             presence_penalty=req.presence_penalty or 0.0,
             frequency_penalty=req.frequency_penalty or 0.0,
             seed=req.seed,
-            max_tokens=max_tokens or served.n_ctx,
-            stop=stop_strings(req.stop),
+            max_tokens=min(max_tokens or served.n_ctx, served.n_ctx),
+            stop=stop,
         )
         if served.history:
             settings = replace(settings, history_doc=R.new_id("api"))
@@ -227,6 +259,10 @@ async def _first(gen: Generation, request: Request) -> tuple[AsyncIterator[Any],
 
 
 def _engine_error(e: BaseException, chat: bool) -> ApiError:
+    if isinstance(e, Unavailable):
+        return unavailable(str(e), e.retry_after)
+    if isinstance(e, Stalled):
+        return ApiError(500, f"{e}; the engine is restarting", "server_error", code="engine_stalled")
     if isinstance(e, PromptTooLongError):
         return ApiError(400, str(e), param="messages" if chat else "prompt", code="context_length_exceeded")
     if isinstance(e, (EngineError, SamplingError, ValueError)):

@@ -1,69 +1,119 @@
 """The requests the API accepts (pydantic), as OpenAI's API defines them; unknown fields are ignored,
-fields Tandem cannot honour are refused by name (see :func:`unsupported`)."""
+fields Tandem cannot honour are refused by name (see :func:`unsupported`).
+
+Types are strict: ``"stream": "yes"``, ``"temperature": true`` or ``"max_tokens": "5"`` are 400s, not
+guesses; numbers are finite; every string must be valid UTF-8 (a lone surrogate such as ``"\\ud800"``
+is refused here, not deep in the engine); token ids are non-negative 32-bit integers.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    AllowInfNan,
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    field_validator,
+)
+
+TOKEN_ID_LIMIT = 2**31  # llama.cpp's token ids are int32
+
+
+def _utf8(s: str) -> str:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = s[e.start : e.end]
+        raise ValueError(
+            f"the text is not valid Unicode: {bad!r} at character {e.start} is a lone surrogate"
+        ) from None
+    return s
+
+
+Text = Annotated[str, Strict(), AfterValidator(_utf8)]
+Bool = Annotated[bool, Strict()]
+Int = Annotated[int, Strict()]
+Float = Annotated[float, Strict(), AllowInfNan(False)]
+Count = Annotated[int, Strict(), Field(ge=1, lt=TOKEN_ID_LIMIT)]
 
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    include_usage: bool = False
+    include_usage: Bool = False
 
 
 class ContentPart(BaseModel):
     model_config = ConfigDict(extra="allow")
-    type: str
-    text: str | None = None
+    type: Text
+    text: Text | None = None
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
+    content: Text | list[ContentPart] | None = None
+    name: Text | None = None
 
 
 class Sampling(BaseModel):
     """What both endpoints share."""
 
     model_config = ConfigDict(extra="ignore")
-    model: str | None = None
-    stream: bool = False
+    model: Text | None = None
+    stream: Bool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=0)  # llama.cpp's extension
-    min_p: float | None = Field(default=None, ge=0.0, lt=1.0)  # llama.cpp's extension
-    repeat_penalty: float | None = Field(default=None, gt=0.0)  # llama.cpp's extension
-    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    n: int | None = Field(default=None, ge=1)
-    logprobs: bool | int | None = None
-    user: str | None = None
+    max_tokens: Count | None = None
+    temperature: Float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: Float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: Int | None = Field(default=None, ge=0, lt=TOKEN_ID_LIMIT)  # llama.cpp's extension
+    min_p: Float | None = Field(default=None, ge=0.0, lt=1.0)  # llama.cpp's extension
+    repeat_penalty: Float | None = Field(default=None, gt=0.0, le=100.0)  # llama.cpp's extension
+    presence_penalty: Float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: Float | None = Field(default=None, ge=-2.0, le=2.0)
+    seed: Int | None = Field(default=None, ge=-(2**63), lt=2**64)
+    stop: Text | list[Text] | None = None
+    n: Int | None = Field(default=None, ge=1)
+    logprobs: Bool | Int | None = None
+    user: Text | None = None
 
 
 class ChatCompletionRequest(Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: Count | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
     functions: list[Any] | None = None
     function_call: Any = None
     response_format: dict[str, Any] | None = None
-    top_logprobs: int | None = None
+    top_logprobs: Int | None = None
 
 
 class CompletionRequest(Sampling):
-    prompt: str | list[str] | list[int]
-    echo: bool = False
-    suffix: str | None = None
-    best_of: int | None = None
+    prompt: Any
+    echo: Bool = False
+    suffix: Text | None = None
+    best_of: Int | None = Field(default=None, ge=1)
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v: Any) -> str | list[str] | list[int]:
+        """A string, a list of strings, or a list of token ids (non-negative 32-bit integers)."""
+        if isinstance(v, str):
+            return _utf8(v)
+        if isinstance(v, list) and v and all(isinstance(x, str) for x in v):
+            return [_utf8(x) for x in v]
+        if isinstance(v, list) and all(type(x) is int for x in v):
+            for i, t in enumerate(v):
+                if not 0 <= t < TOKEN_ID_LIMIT:
+                    raise ValueError(
+                        f"prompt[{i}] = {t} is not a token id (ids are 0 to {TOKEN_ID_LIMIT - 1})"
+                    )
+            return v
+        raise ValueError("the prompt must be a string, a list of strings or a list of token ids (integers)")
 
 
 def unsupported(req: Sampling) -> tuple[str, str] | None:

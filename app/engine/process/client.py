@@ -74,7 +74,10 @@ class EngineClient:
         self.stop_timeout = stop_timeout
         self.last_crash: EngineCrashedError | None = None  # the most recent crash, reported or not
         self._host: HostHandle | None = None
-        self._settings: LoadSettings | None = None
+        self._settings: LoadSettings | None = None  # what is loaded
+        self._wanted: LoadSettings | None = None  # what should be: a failed reload keeps it to retry
+        self.loaded_info: EngineInfo | None = None  # the loaded pair's info (None if nothing is)
+        self._starting = 0  # threads starting a process now
         self._ids = itertools.count(1)
         self._lifecycle = threading.RLock()
         self._generation = threading.Lock()
@@ -90,27 +93,32 @@ class EngineClient:
                 self._host.stop(self.stop_timeout)
                 self._host = None
             host = HostHandle()
+            self._starting += 1
             try:
                 host.start(self.start_timeout)
             except BaseException:
                 host.stop(self.stop_timeout)
                 raise
+            finally:
+                self._starting -= 1
             self._host = host
 
     def shutdown(self) -> None:
         """Stop the engine process (cancelling a running generation) and wait for it to exit."""
         with self._lifecycle:
             host, self._host = self._host, None
-            self._settings = None
+            self._settings = self._wanted = self.loaded_info = None
         if host is not None:
             host.stop(self.stop_timeout)
 
     close = shutdown
 
     def restart(self, progress: ProgressCallback | None = None) -> EngineInfo | None:
-        """Start a fresh engine process and re-load the last loaded settings; returns their info."""
+        """Start a fresh engine process and re-load the pair that should be loaded (the last one loaded,
+        even if reloading it failed since); returns its info. A failure leaves that pair wanted, so
+        calling again retries it."""
         with self._lifecycle:
-            settings = self._settings
+            settings = self._wanted
             host, self._host = self._host, None
             if host is not None:
                 host.stop(self.stop_timeout)
@@ -122,6 +130,22 @@ class EngineClient:
         """True while the engine process is running."""
         host = self._host
         return host is not None and host.exit_error is None and host.is_alive()
+
+    @property
+    def state(self) -> str:
+        """The engine process: "stopped" (none), "starting", "running" or "dead" (gone, not restarted)."""
+        if self._starting:
+            return "starting"
+        host = self._host
+        if host is None:
+            return "stopped"
+        return "running" if host.exit_error is None and host.is_alive() else "dead"
+
+    @property
+    def wanted(self) -> LoadSettings | None:
+        """The pair that should be loaded: the last asked for, until shutdown, unload or another load
+        that fails."""
+        return self._wanted
 
     @property
     def pid(self) -> int | None:
@@ -146,8 +170,9 @@ class EngineClient:
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
-    def _ready(self, *, reload: bool = True) -> HostHandle:
-        """The running host; starts one if needed, or after a crash (with ``auto_restart``)."""
+    def _ready(self, *, reload: bool = True, retry: bool = False) -> HostHandle:
+        """The running host; starts one if needed, or after a crash (with ``auto_restart``). ``retry``:
+        also load the wanted pair where reloading it failed before (with ``auto_restart``)."""
         with self._lifecycle:
             host = self._host
             if host is None:
@@ -162,10 +187,11 @@ class EngineClient:
                 if isinstance(err, EngineCrashedError):
                     self.last_crash = err
                 log.warning("restarting the engine process after: %s", err)
-                settings = self._settings
                 self.start()
-                if reload and settings is not None:
-                    self.load(settings)
+                if reload and self._wanted is not None:
+                    self.load(self._wanted)
+            elif retry and self.auto_restart and self._settings is None and self._wanted is not None:
+                self.load(self._wanted)  # a reload failed before: the pair is still wanted
             assert self._host is not None
             return self._host
 
@@ -185,7 +211,9 @@ class EngineClient:
         """
         self._refuse_while_generating("load a model")
         host = self._ready(reload=False)
-        self._settings = None  # the host frees the old pair first
+        self._settings = self.loaded_info = None  # the host frees the old pair first
+        if settings != self._wanted:
+            self._wanted = None  # until it loads: a failed load of another pair is not retried
         rid = self._request_id()
         q = host.submit(Load(settings, request_id=rid), "while loading the model")
         try:
@@ -198,7 +226,8 @@ class EngineClient:
                         except Exception:
                             log.exception("load progress callback failed")
                 elif isinstance(reply, Loaded):
-                    self._settings = settings
+                    self._settings = self._wanted = settings
+                    self.loaded_info = reply.info
                     return reply.info
                 elif isinstance(reply, Error):
                     raise error_from_reply(reply)
@@ -210,22 +239,26 @@ class EngineClient:
         prompt: Sequence[int] | None = None,
         messages: Sequence[Mapping[str, Any]] | None = None,
         settings: GenerationSettings | None = None,
+        *,
+        text: str | None = None,
     ) -> GenerationStream:
-        """Stream a reply to ``prompt`` (token ids) or ``messages`` (a chat the host renders).
+        """Stream a reply to ``prompt`` (token ids), ``text`` (raw text the host tokenizes) or
+        ``messages`` (a chat the host renders). The host tokenizes between checks of the cancel flag.
 
         Yields Started, Steps, then Finished. Closing the stream early cancels the request.
         """
-        if (prompt is None) == (messages is None):
-            raise EngineError("give either a prompt (token ids) or chat messages")
+        if sum(x is not None for x in (prompt, messages, text)) != 1:
+            raise EngineError("give one of a prompt (token ids), a text or chat messages")
         if not self._generation.acquire(blocking=False):
             raise EngineError("a generation is already running on this engine: cancel it or let it finish")
         try:
-            host = self._ready()
+            host = self._ready(retry=True)
             host.cancel.clear()
             rid = self._request_id()
             request = Generate(
                 prompt=list(prompt) if prompt is not None else None,
                 messages=[dict(m) for m in messages] if messages is not None else None,
+                text=text,
                 settings=settings or GenerationSettings(),
                 request_id=rid,
             )
@@ -287,7 +320,35 @@ class EngineClient:
         host = self._ready(reload=False)
         reply = self._call(host, Unload(request_id=self._request_id()), "while unloading")
         assert isinstance(reply, Done)
-        self._settings = None
+        self._settings = self._wanted = self.loaded_info = None
+
+    def ping(self, timeout: float) -> bool | None:
+        """Whether the engine process answers within ``timeout`` seconds (it answers between rounds
+        while it generates); None when there is no process to ask. Never starts or restarts one."""
+        host = self._host
+        if host is None or host.exit_error is not None or not host.is_alive():
+            return None
+        rid = self._request_id()
+        try:
+            q = host.submit(Info(request_id=rid), "while answering a ping")
+        except Exception:
+            return None
+        try:
+            reply = q.get(timeout=timeout)
+        except queue.Empty:
+            return False
+        finally:
+            host.done(rid)
+        return True if isinstance(reply, (InfoReply, Error)) else None  # else: the process is gone
+
+    def kill(self) -> None:
+        """Kill the engine process at once (SIGKILL): a stuck engine. The call in flight fails with
+        :class:`EngineCrashedError`, and the next call restarts it (with ``auto_restart``)."""
+        host = self._host
+        if host is not None and host.is_alive():
+            with host.proc_lock:
+                if host.process.exitcode is None:
+                    host.process.kill()
 
     def crash(self, kind: str) -> None:
         """Tests only: make the engine process die ("abort", "segfault" or "exit"). Raises the crash."""

@@ -19,6 +19,7 @@ import logging
 import os
 import signal
 import threading
+import time
 import traceback
 from multiprocessing.connection import Connection
 from typing import IO, Any
@@ -26,7 +27,8 @@ from typing import IO, Any
 from app import __version__
 from app.engine import llama
 from app.engine.engine import Engine, EngineError
-from app.engine.events import Finished
+from app.engine.errors import PromptTooLongError
+from app.engine.events import Finished, StatsBuilder
 from app.engine.info import EngineStatus, HistoryInfo
 from app.engine.process.protocol import (
     CRASH_KINDS,
@@ -53,8 +55,11 @@ from app.engine.process.protocol import (
     Tokens,
     Unload,
 )
+from app.engine.prompt import TokenizeCancelled, TooManyTokens
 
 log = logging.getLogger("tandem.host")
+
+POLL_WHILE_TOKENIZING = 0.05  # seconds between looks at the request pipe while a prompt is tokenized
 
 _fault_file: IO[str] | None = None  # kept open for faulthandler for the life of the process
 
@@ -214,20 +219,53 @@ class Host:
         if self.generating:
             raise EngineError("a generation is already running in the engine process")
         engine = self._need_engine()
-        if request.messages is not None:
-            prompt = engine.chat_prompt(request.messages)
-        elif request.prompt is not None:
-            prompt = list(request.prompt)
-        else:
-            raise EngineError("a generation needs a prompt or chat messages")
         self.generating = True
         try:
+            try:
+                prompt = self._prompt(engine, request)
+            except TokenizeCancelled:
+                prompt = None
+            if prompt is None or self.cancel.is_set():  # the client has gone: no prompt evaluation
+                stats = StatsBuilder(mode=request.settings.mode).build(0.0)
+                self.send(Event(Finished("cancelled", "", (), stats), request_id=request.request_id))
+                return
             for event in engine.generate(prompt, request.settings, cancel=self.cancel.is_set):
                 self.send(Event(event, request_id=request.request_id))
                 if not isinstance(event, Finished):  # after Finished the client may send the next one
                     self.poll_requests()
         finally:
             self.generating = False
+
+    def _prompt(self, engine: Engine, request: Generate) -> list[int]:
+        """The request's prompt tokens: tokenized here between checks of the cancel flag (and answering
+        Info and Shutdown meanwhile), stopped as soon as it cannot fit the context; token ids given by
+        the client checked against the vocabulary."""
+        n_ctx = engine.n_ctx
+        limit = max(1, n_ctx - 1)
+        last_poll = time.monotonic()
+
+        def cancelled() -> bool:
+            nonlocal last_poll
+            if time.monotonic() - last_poll > POLL_WHILE_TOKENIZING:
+                self.poll_requests()
+                last_poll = time.monotonic()
+            return self.cancel.is_set()
+
+        try:
+            if request.messages is not None:
+                return engine.chat_prompt(request.messages, cancel=cancelled, limit=limit)
+            if request.text is not None:
+                return engine.tokenize(request.text, cancel=cancelled, limit=limit)
+        except TooManyTokens:
+            raise PromptTooLongError(
+                f"the prompt has more than {limit} tokens but the context holds {n_ctx}: "
+                "shorten it, start a new chat, or load the model with a larger context"
+            ) from None
+        if request.prompt is None:
+            raise EngineError("a generation needs a prompt, a text or chat messages")
+        prompt = list(request.prompt)
+        check_token_ids(prompt, engine.target.n_vocab)
+        return prompt
 
     def _tokenize(self, request: Tokenize) -> None:
         engine = self._need_engine()
@@ -267,6 +305,16 @@ class Host:
         engine, self.engine = self.engine, None
         if engine is not None:
             engine.close()
+
+
+def check_token_ids(tokens: list[int], n_vocab: int) -> None:
+    """Refuse a prompt with a token id outside the vocabulary (llama.cpp would fail to decode it, or
+    overflow converting it), naming the first."""
+    for i, t in enumerate(tokens):
+        if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < n_vocab:
+            raise EngineError(
+                f"prompt[{i}] = {t!r} is not a token id: the vocabulary has ids 0 to {n_vocab - 1}"
+            )
 
 
 def crash(kind: str) -> None:

@@ -39,13 +39,16 @@ class Load(Request):
 
 @dataclass(frozen=True)
 class Generate(Request):
-    """Generate a reply to ``prompt`` (token ids) or to ``messages`` (rendered with the chat template).
+    """Generate a reply to ``prompt`` (token ids), to ``text`` (tokenized as raw text) or to
+    ``messages`` (rendered with the chat template). The host tokenizes between checks of the cancel
+    flag; a request cancelled before its prompt is evaluated ends with Finished("cancelled") at once.
 
     Replies: Event(Started), Event(Step)*, Event(Finished) | Error.
     """
 
     prompt: list[int] | None = None
     messages: list[dict[str, Any]] | None = None
+    text: str | None = None
     settings: GenerationSettings = field(default_factory=GenerationSettings)
 
 
