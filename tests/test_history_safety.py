@@ -373,3 +373,17 @@ def test_a_version_1_file_is_read_and_merged(tmp_path) -> None:
     other.index.add("new", tokens(2))
     other.save()  # not loaded: merged with the file
     assert docs_in(tmp_path) == {"old", "new"}
+
+
+def test_a_document_removed_while_the_file_loads_stays_removed(tmp_path) -> None:
+    index = HistoryIndex(fingerprint=FP)
+    index.add("deleted", tokens(1))
+    index.add("kept", tokens(2))
+    save(index, tmp_path / file_name(FP))
+    store = HistoryStore(tmp_path, FP)
+    store.remove(["deleted"])  # the app removes deleted chats as soon as the pair loads
+    store.load_in_background().join(5)
+    assert store.index.documents() == ["kept"]
+    assert store.index.lookup(tokens(1)[:12])[0] == 0  # its text is not drafted from either
+    store.save()
+    assert docs_in(tmp_path) == {"kept"}

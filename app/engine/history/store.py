@@ -30,7 +30,7 @@ from app.engine.history.fileformat import (
     write,
 )
 from app.engine.history.index import HistoryIndex
-from app.engine.history.layout import Shared
+from app.engine.history.layout import DEAD, Shared
 from app.engine.history.merge import Merged, merge, merge_shared
 from app.engine.history.safety import RefusedFile, file_lock, remove_stale_temporaries
 
@@ -102,7 +102,8 @@ class HistoryStore:
         with self._mutex:
             shared = merge_shared(contents.shared, self._shared)  # with what was removed meanwhile
             for doc_id in [d for d, doc in contents.docs.items() if shared.dead(d, doc.used)]:
-                del contents.docs[doc_id]
+                for a, b in contents.docs.pop(doc_id).runs:
+                    contents.tokens[a : b + 1] = DEAD  # never indexed, left out of the next save
             self.index.adopt(index_of(contents, self.index.max_bytes))
             self._shared = shared
             self._synced = {doc_id: doc.used for doc_id, doc in contents.docs.items()}
@@ -111,6 +112,8 @@ class HistoryStore:
 
     def _clean(self) -> None:
         """Remove the temporary files of killed saves; what remains counts in the bound."""
+        if not self.path.parent.is_dir():
+            return
         try:
             with file_lock(self.lock_path):
                 self.leftover = remove_stale_temporaries(self.path, locked=True)
@@ -167,8 +170,9 @@ class HistoryStore:
         with self._mutex:
             tombs = self._shared.tombstones
             for doc_id in documents:
-                tombs.pop(doc_id, None)
-                tombs[doc_id] = self.index._now()
+                if doc_id in self.index or doc_id not in tombs:  # else: removed before, and not written since
+                    tombs.pop(doc_id, None)
+                    tombs[doc_id] = self.index._now()
                 self.index.remove(doc_id)
 
     def forget(self) -> None:
