@@ -387,3 +387,18 @@ def test_a_document_removed_while_the_file_loads_stays_removed(tmp_path) -> None
     assert store.index.lookup(tokens(1)[:12])[0] == 0  # its text is not drafted from either
     store.save()
     assert docs_in(tmp_path) == {"kept"}
+
+
+def test_a_save_waits_for_the_lock_a_bounded_time_and_is_logged(tmp_path, monkeypatch, caplog) -> None:
+    monkeypatch.setattr(safety, "LOCK_TIMEOUT", 0.3)
+    keeper = HistoryKeeper(tmp_path, FP)
+    keeper.store.load_in_background().join(5)
+    keeper.drafter.learn(tokens(1))
+    keeper.record("chat")
+    with safety.file_lock(keeper.store.lock_path), caplog.at_level(logging.WARNING):  # another save, stuck
+        t0 = time.monotonic()
+        keeper.save()
+        assert time.monotonic() - t0 < 3
+    assert "held by another process" in caplog.text and not (tmp_path / file_name(FP)).exists()
+    keeper.save()  # the lock is free again: saved
+    assert docs_in(tmp_path) == {"chat"}

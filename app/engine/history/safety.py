@@ -150,10 +150,11 @@ def remove_stale_temporaries(path: Path, *, locked: bool) -> int:
 
 
 @contextlib.contextmanager
-def file_lock(path: Path, timeout: float = LOCK_TIMEOUT) -> Iterator[None]:
+def file_lock(path: Path, timeout: float | None = None) -> Iterator[None]:
     """Hold an exclusive lock on ``path`` (a lock file, created if missing, never removed): ``fcntl.flock``
-    on POSIX, ``msvcrt.locking`` on Windows. Raises ``TimeoutError`` after ``timeout`` seconds and
-    :class:`RefusedFile` if ``path`` is not a regular file."""
+    on POSIX, ``msvcrt.locking`` on Windows. Raises ``TimeoutError`` after ``timeout`` seconds (default
+    :data:`LOCK_TIMEOUT`) and :class:`RefusedFile` if ``path`` is not a regular file."""
+    timeout = LOCK_TIMEOUT if timeout is None else timeout
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         fd = os.open(path, _LOCK_FLAGS, 0o600)
