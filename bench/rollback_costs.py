@@ -9,8 +9,9 @@ on this machine, at ``--context`` tokens of context, interleaved and repeated:
 - a verify batch of b tokens (logits for every row, as verification asks) relative to one decode step,
   for the hybrid model with the engine's snapshots (``n_rs_seq`` = 16: what auto mode's cost table
   measures), without snapshots, and for the attention model;
-- undoing the whole draft after it: by snapshots (b - 1 <= 16), else by the checkpoint the engine saves
-  before such a batch (its save is part of the batch's time, as in the engine);
+- undoing the whole draft after it (the pending token stays, as in the engine): by snapshots
+  (b - 1 <= 16), else by the checkpoint the engine saves before such a batch (its save is part of the
+  batch's time, as in the engine);
 - saving and restoring a checkpoint, and the state's size.
 
 Random weights say nothing of acceptance, only of costs. ``python -m bench.rollback_costs``
@@ -28,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from app.engine.llama import Context, Model
+from app.engine.sequence import PROMPT
 from app.engine.speculative import TargetCache
 from app.gguf.memory import RECURRENT_SNAPSHOTS
 from app.tiny_arch import DENSE_2B_SHAPE, QWEN35_2B_SHAPE, count_params, write_tiny_model
@@ -70,6 +72,7 @@ def measure(
         ctx = Context(model, n_ctx=context + 2 * max(BATCHES), n_threads=threads, n_rs_seq=snapshots)
         seq = TargetCache(ctx)
         seq.extend(text[:context], logits="none")
+        seq.checkpoint(PROMPT)  # where each measurement goes back to, as at the end of a prompt
         seqs[name] = seq
     times: dict[str, dict[int, list[float]]] = {n: {b: [] for b in BATCHES} for n in seqs}
     undo: dict[str, dict[int, list[float]]] = {n: {b: [] for b in BATCHES} for n in seqs}
@@ -79,8 +82,9 @@ def measure(
                 t0 = time.perf_counter()
                 seq.verify_batch(text[context], text[context + 1 : context + b])
                 t1 = time.perf_counter()
-                seq.rollback(context)  # the whole draft and the pending token rejected
+                seq.rollback(context + 1)  # the whole draft rejected (the pending token stays)
                 t2 = time.perf_counter()
+                seq.rollback(context)  # back to the prompt's end for the next measurement
                 if r:
                     times[name][b].append(t1 - t0)
                     undo[name][b].append(t2 - t1)
