@@ -13,14 +13,28 @@ from pathlib import Path
 from typing import Any
 
 from app import __version__
+from app.cli_checks import (
+    OneLineParser,
+    check_model_file,
+    ctx_size,
+    draft_tokens,
+    fewest_draft_tokens,
+    positive_tokens,
+    thread_count,
+    top_k,
+)
 
 
 def _add_load_args(p: argparse.ArgumentParser, *, draft_flag: bool = True) -> None:
     p.add_argument("--target", required=True, help="target model (GGUF file)")
     if draft_flag:
         p.add_argument("--draft", help="draft model (GGUF file sharing the target's tokenizer)")
-    p.add_argument("--ctx", type=int, default=4096, help="context size in tokens (default 4096)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument(
+        "--ctx", type=ctx_size, default=4096, help="context size in tokens, 256-16777216 (default 4096)"
+    )
+    p.add_argument(
+        "--threads", type=thread_count, default=None, help="CPU threads, 1-512 (default: all cores)"
+    )
     p.add_argument(
         "--gpu-layers",
         default="auto",
@@ -47,28 +61,32 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-k", type=top_k, default=0)
     p.add_argument("--min-p", type=float, default=0.0)
     p.add_argument("--repeat-penalty", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--max-tokens", type=int, default=512)
+    p.add_argument("--max-tokens", type=positive_tokens, default=512)
     p.add_argument(
         "--n-max",
-        type=int,
+        type=draft_tokens,
         default=8,
         help="most tokens drafted per round (auto mode: by the draft model; "
         "its prompt lookup may copy up to 15 where verifying them pays)",
     )
-    p.add_argument("--n-min", type=int, default=1, help="fewest tokens drafted per round (adaptive)")
+    p.add_argument(
+        "--n-min", type=fewest_draft_tokens, default=1, help="fewest tokens drafted per round (adaptive)"
+    )
     p.add_argument("--p-min", type=float, default=0.0, help="stop drafting under this draft confidence")
     p.add_argument("--no-adaptive", action="store_true", help="always draft --n-max tokens")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="tandem",
         description="Lossless speculative decoding for local LLMs. Without a command, starts the app.",
+        epilog="Errors are one line on stderr with exit code 2. TANDEM_DEBUG=1 shows llama.cpp's log "
+        "on the terminal (a model that does not load, a crash).",
     )
     parser.add_argument("--version", action="version", version=f"tandem {__version__}")
     parser.add_argument("--model", metavar="TARGET", help="start the app with this target model (GGUF)")
@@ -165,6 +183,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         )
         if mode == "speculative" and not args.draft:
             raise EngineError("--mode speculative needs --draft (or use --mode lookup)")
+        check_model_file(args.target)  # a broken file is one line here, not llama.cpp's log
+        if args.draft and mode in ("speculative", "auto"):
+            check_model_file(args.draft)
         load = LoadSettings(
             target=args.target,
             draft=args.draft if mode in ("speculative", "auto") else None,
@@ -360,8 +381,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     from models_registry.remote import read_ref_metadata
 
     try:
-        target, _ = read_ref_metadata(resolve_model_ref(args.target))
-        draft, _ = read_ref_metadata(resolve_model_ref(args.draft))
+        refs = [resolve_model_ref(args.target), resolve_model_ref(args.draft)]
+        for ref in refs:
+            if isinstance(ref, Path):  # a local file: its tensors too (a remote one: its header only)
+                check_model_file(ref)
+        target, _ = read_ref_metadata(refs[0])
+        draft, _ = read_ref_metadata(refs[1])
     except (OSError, ValueError, GGUFError, HubError) as e:
         return _fail(str(e))
     verdict = check_compatible(target, draft)

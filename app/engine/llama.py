@@ -47,7 +47,7 @@ def _log_callback(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
         line = "".join(_log_partial).rstrip("\n")
         _log_partial.clear()
         _log_lines.append(line)
-        for cap in _captures:
+        for cap in _captures if level in (3, 4) else ():  # a failed load's message: warnings, errors
             cap.append(line)
         log.log(_LEVELS.get(level, logging.DEBUG), "%s", line)
 

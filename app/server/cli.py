@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+from app.cli_checks import bind_socket, check_model_file, ctx_size, listen_error, port_number, thread_count
 from app.server.api import allowed_hosts, create_app, is_loopback
 from app.server.served import Served
 
@@ -29,7 +34,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)"
     )
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    p.add_argument(
+        "--port",
+        type=port_number,
+        default=DEFAULT_PORT,
+        help=f"port, 0-65535 (default {DEFAULT_PORT}; 0: any free port, announced)",
+    )
     p.add_argument(
         "--api-key",
         default=os.environ.get("TANDEM_API_KEY"),
@@ -48,8 +58,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="do not draft from (or add requests to) the drafting history the app also keeps",
     )
-    p.add_argument("--ctx", type=int, default=4096, help="context size in tokens (default 4096)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument(
+        "--ctx", type=ctx_size, default=4096, help="context size in tokens, 256-16777216 (default 4096)"
+    )
+    p.add_argument(
+        "--threads", type=thread_count, default=None, help="CPU threads, 1-512 (default: all cores)"
+    )
     p.add_argument("--gpu-layers", default="auto", metavar="auto|all|cpu|N", help="target layers on the GPU")
     p.add_argument(
         "--draft-gpu-layers", default="auto", metavar="auto|all|cpu|N", help="draft layers on the GPU"
@@ -76,9 +90,10 @@ def check_exposure(host: str, api_key: str | None) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from app.engine import EngineClient, EngineError, LoadSettings, parse_gpu_layers
+    """Check the arguments and the model files, bind the port, then load the pair in the background
+    while the API answers 503; SIGTERM, SIGINT (and SIGHUP) stop it cleanly: the engine process is
+    stopped and its folder removed, exit code 0."""
+    from app.engine import EngineError, LoadSettings, parse_gpu_layers
     from app.paths import data_dir
 
     def fail(msg: str) -> int:
@@ -91,6 +106,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         draft = resolve_model(args.draft) if args.draft else None
         if args.mode == "speculative" and draft is None:
             raise ValueError("--mode speculative needs --draft (or use --mode lookup or auto)")
+        check_model_file(target)  # a broken file is one line now, not llama.cpp's log after the port
+        if draft is not None and args.mode != "lookup":
+            check_model_file(draft)
         load = LoadSettings(
             target=str(target),
             draft=str(draft) if draft and args.mode != "lookup" else None,
@@ -102,7 +120,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     except (ValueError, EngineError) as e:
         return fail(str(e))
+    try:
+        sock = bind_socket(args.host, args.port)  # before the model loads: a port in use fails at once
+    except OSError as e:
+        return fail(listen_error(args.host, args.port, e))
+    with sock, _stop_signals() as stop:
+        return _serve(args, sock, stop, target, load, fail)
 
+
+def _serve(args: argparse.Namespace, sock: Any, stop: _Stop, target: Path, load: Any, fail: Any) -> int:
+    import uvicorn
+
+    from app.engine import EngineClient
+
+    port = sock.getsockname()[1]
     client = EngineClient(auto_restart=True)
     loaded = threading.Event()
     served = Served(
@@ -112,40 +143,98 @@ def cmd_serve(args: argparse.Namespace) -> int:
         model_path=str(target),
         n_ctx=args.ctx,
         created=int(time.time()),
+        history=not args.no_history,  # requests join the drafting history, as the app's server does
     )
     served.turns.max_waiting = max(0, args.queue)
     app = create_app(
         served,
         api_key=args.api_key,
-        allowed_hosts=allowed_hosts(args.host, args.port),
+        allowed_hosts=allowed_hosts(args.host, port),
         cors_origins=args.cors_origin,
     )
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning"))
+    config = uvicorn.Config(
+        app, host=args.host, port=port, log_level="warning", timeout_graceful_shutdown=GRACE_S
+    )
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:  # leaves signals to _stop_signals
+            yield
+
+    server = Server(config)
+    stop.server = server
     failure: list[str] = []
+    done = threading.Event()  # the server is down: the loader starts no engine
 
     def load_models() -> None:
         try:
+            if done.is_set() or stop.requested:
+                return
             client.start()
             info = client.load(load)
         except Exception as e:
-            failure.append(str(e))
-            server.should_exit = True
+            if not (done.is_set() or stop.requested):
+                failure.append(str(e))
+                server.should_exit = True
             return
         served.n_ctx = info.n_ctx
         loaded.set()
-        url = f"http://{_url_host(args.host)}:{args.port}/v1"
+        url = f"http://{_url_host(args.host)}:{port}/v1"
         print(f"tandem serve: {served.model_id} ({args.mode}) at {url}", file=sys.stderr)
         print(f"tandem serve: {info.placement()}", file=sys.stderr)
 
     print(f"tandem serve: loading {target.name} (requests get 503 until it is loaded)", file=sys.stderr)
-    threading.Thread(target=load_models, name="tandem-serve-load", daemon=True).start()
+    loader = threading.Thread(target=load_models, name="tandem-serve-load", daemon=True)
+    loader.start()
     try:
-        server.run()
+        if not stop.requested:
+            server.run(sockets=[sock])
     finally:
-        client.shutdown()
+        done.set()
+        client.shutdown()  # the engine process and its folder; a load in progress ends with it
+        loader.join(client.stop_timeout + 5)
+        client.shutdown()  # in case the loader started an engine meanwhile
     if failure:
         return fail(f"could not load the model: {failure[0]}")
     return 0
+
+
+#: seconds the server waits for replies in progress when asked to stop, before it cuts them off
+GRACE_S = 3
+
+
+class _Stop:
+    """Whether a signal asked the server to stop, and the server to tell."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.server: Any = None
+
+    def handle(self, sig: int, frame: Any) -> None:
+        if not self.requested:
+            # os.write: a print here could re-enter one in progress
+            with contextlib.suppress(OSError, ValueError):
+                os.write(sys.stderr.fileno(), b"tandem serve: stopping\n")
+        self.requested = True
+        if self.server is not None:
+            self.server.handle_exit(sig, frame)  # a second Ctrl-C cuts replies off at once
+
+
+@contextlib.contextmanager
+def _stop_signals() -> Iterator[_Stop]:
+    """SIGINT, SIGTERM and SIGHUP stop the server through its own shutdown (uvicorn's handlers would
+    raise the signal again once the server is down, skipping the engine's). From the main thread only."""
+    stop = _Stop()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    sigs = [signal.SIGINT, signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
+    before = {sig: signal.signal(sig, stop.handle) for sig in sigs}
+    try:
+        yield stop
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 def _url_host(host: str) -> str:

@@ -31,6 +31,10 @@ from app.engine.process.protocol import (
 )
 
 log = logging.getLogger("tandem.client")
+# llama.cpp's log lines come up from the host as records of "tandem.llama": they are for the log file and
+# error messages, never for stderr through logging's last resort (TANDEM_DEBUG=1 has the host itself
+# write them to the terminal)
+logging.getLogger("tandem.llama").addHandler(logging.NullHandler())
 
 ProgressCallback = Callable[[str, float], None]
 _POLL = 0.2  # seconds between liveness checks while waiting
