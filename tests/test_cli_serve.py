@@ -210,7 +210,7 @@ def test_a_signal_stops_the_server_and_its_engine_cleanly(serve, folders, sig: i
     chat(server)
     engines = server.engine_processes()
     assert engines, "no engine process under tandem serve"
-    assert [p.name for p in tmp.iterdir()][0].startswith("tandem-engine-")
+    assert [p.name[:14] for p in tmp.iterdir()] == ["tandem-engine-"]
     code, took = server.stop(sig)
     assert code == 0, server.seen
     assert took < 15
@@ -324,7 +324,9 @@ def test_llamas_log_only_with_tandem_debug(tiny_pair, tmp_path: Path, folders) -
     lines = stderr_lines(res)
     assert len(lines) == 1 and "unknown model architecture: 'no-such-architecture'" in lines[0], lines
     assert "print_info" not in lines[0]  # llama.cpp's warnings and errors, not its chatter
-    debug = tandem("generate", "--target", str(odd), "--prompt", "hi", env={**folders[2], "TANDEM_DEBUG": "1"})
+    debug = tandem(
+        "generate", "--target", str(odd), "--prompt", "hi", env={**folders[2], "TANDEM_DEBUG": "1"}
+    )
     assert debug.returncode == 2
     lines = stderr_lines(debug)
     assert len(lines) > 1 and any(line.startswith("llama_model_load") for line in lines[:-1]), lines
