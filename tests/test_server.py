@@ -21,6 +21,8 @@ import uvicorn
 from app.engine import EngineClient, LoadSettings
 from app.server.api import allowed_hosts, create_app
 from app.server.cli import check_exposure
+from app.server.connections import uvicorn_config
+from app.server.limits import Limits
 from app.server.served import Served
 
 pytestmark = pytest.mark.timeout(120)
@@ -59,13 +61,13 @@ class Running:
         self.thread.join(10)
 
 
-def start(served: Served, **kw) -> Running:
+def start(served: Served, limits: Limits | None = None, **kw) -> Running:
     port = free_port()
     ready = threading.Event()
     ready.set()
     served.ready = ready.is_set
-    app = create_app(served, allowed_hosts=allowed_hosts("127.0.0.1", port), **kw)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    app = create_app(served, allowed_hosts=allowed_hosts("127.0.0.1", port), limits=limits, **kw)
+    server = uvicorn.Server(uvicorn_config(app, "127.0.0.1", port))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

@@ -16,7 +16,7 @@ from __future__ import annotations
 import codecs
 import json
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
@@ -33,6 +33,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 __all__ = [
     "CHATML_TEMPLATE",
     "ROLES",
+    "Cancelled",
     "ChatTemplate",
     "ChatTemplateError",
     "Message",
@@ -57,6 +58,7 @@ _TEMPLATE_FILENAME = "<template>"  # what Jinja names a template made with from_
 _ITER_FILTER = "__tandem_budgeted_iter"  # filter wrapped around every {% for %} iterable
 _MAX_REPEAT = 10_000_000  # longest str / list a template may build with `*`
 _MAX_EXPONENT = 4096  # largest integer exponent a template may use with `**`
+_CANCEL_EVERY = 256  # sandbox checks between two looks at a render's cancel
 
 
 class ChatTemplateError(ValueError):
@@ -106,19 +108,30 @@ def _message_dict(message: Message | Mapping[str, Any], index: int) -> dict[str,
 # --------------------------------------------------------------------------- sandbox
 
 
+class Cancelled(Exception):
+    """A render (or a prompt's tokenization) stopped because its request was cancelled."""
+
+
 class _RenderBudget:
-    """Limits of one render: a wall-clock deadline and a number of loop iterations."""
+    """Limits of one render: a wall-clock deadline, a number of loop iterations, and a request's cancel
+    (asked every ``_CANCEL_EVERY`` checks)."""
 
-    __slots__ = ("deadline", "iterations_left", "timeout")
+    __slots__ = ("cancel", "checks", "deadline", "iterations_left", "timeout")
 
-    def __init__(self, timeout: float, max_iterations: int) -> None:
+    def __init__(self, timeout: float, max_iterations: int, cancel: Callable[[], bool] | None = None) -> None:
         self.timeout = timeout
         self.deadline = time.monotonic() + timeout
         self.iterations_left = max_iterations
+        self.cancel = cancel
+        self.checks = 0
 
     def check(self) -> None:
         if time.monotonic() > self.deadline:
             raise SecurityError(f"chat template took longer than {self.timeout:g} s to render")
+        if self.cancel is not None:
+            self.checks += 1
+            if self.checks % _CANCEL_EVERY == 0 and self.cancel():
+                raise Cancelled("the request was cancelled while its chat was rendered")
 
     def iteration(self) -> None:
         self.iterations_left -= 1
@@ -299,8 +312,9 @@ class ChatTemplate:
         add_generation_prompt: bool = True,
         tools: Sequence[Mapping[str, Any]] | None = None,
         extra_context: Mapping[str, Any] | None = None,
+        cancel: Callable[[], bool] | None = None,
     ) -> str:
-        """Render a conversation to prompt text.
+        """Render a conversation to prompt text (:class:`Cancelled` once ``cancel()`` says so).
 
         ``tools`` are JSON-schema tool descriptions for templates that support them;
         ``extra_context`` adds template-specific variables (e.g. Llama's ``date_string``).
@@ -310,8 +324,13 @@ class ChatTemplate:
         if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
             raise TypeError("messages must be a sequence of Message or mappings")
         context: dict[str, Any] = dict(extra_context or {})
+        checked = []
+        for i, message in enumerate(messages):
+            if cancel is not None and i % _CANCEL_EVERY == _CANCEL_EVERY - 1 and cancel():
+                raise Cancelled("the request was cancelled while its chat was rendered")
+            checked.append(_message_dict(message, i))
         core = {
-            "messages": [_message_dict(message, i) for i, message in enumerate(messages)],
+            "messages": checked,
             "add_generation_prompt": bool(add_generation_prompt),
             "tools": [dict(tool) for tool in tools] if tools is not None else None,
             "bos_token": self.bos_token,
@@ -322,7 +341,7 @@ class ChatTemplate:
             raise ValueError(f"extra_context may not set {', '.join(clashes)}")
         context.update(core)
 
-        token = _BUDGET.set(_RenderBudget(self.timeout, self.max_iterations))
+        token = _BUDGET.set(_RenderBudget(self.timeout, self.max_iterations, cancel))
         try:
             return self._template.render(context)
         except SecurityError as exc:

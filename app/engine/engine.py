@@ -270,7 +270,7 @@ class Engine:
         checked as it goes (:class:`TokenizeCancelled`), and a prompt of more than ``limit`` tokens
         stops early (:class:`TooManyTokens`)."""
         pt = self._prompt_tokens()
-        text = self.template.render(pt.mask(messages), add_generation_prompt=True)
+        text = self.template.render(pt.mask(messages, cancel), add_generation_prompt=True, cancel=cancel)
         add_bos = self.target.add_bos and not (
             self.template.bos_token and text.startswith(self.template.bos_token)
         )

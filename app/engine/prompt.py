@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from app.engine.chat import ChatTemplate, Message
+from app.engine.chat import Cancelled, ChatTemplate, Message
 
 __all__ = ["PromptTokenizer", "SpecialToken", "TokenizeCancelled", "TooManyTokens"]
 
@@ -23,8 +23,7 @@ _INDEX_FIRST = 0xF0000  # placeholders index literals with one private-use chara
 _INDEX_LAST = 0x10FFFD
 
 
-class TokenizeCancelled(Exception):
-    """Tokenizing a prompt stopped because its request was cancelled."""
+TokenizeCancelled = Cancelled  # rendering or tokenizing a prompt stopped: its request was cancelled
 
 
 @dataclass(frozen=True)
@@ -109,10 +108,14 @@ class PromptTokenizer:
         self._scan_re = re.compile(f"{escape}({index})?" + (f"|({every})" if every else ""))
 
     # -- chat --------------------------------------------------------------------------------------
-    def mask(self, messages: Sequence[Message | Mapping[str, Any]]) -> list[Any]:
+    def mask(
+        self, messages: Sequence[Message | Mapping[str, Any]], cancel: Callable[[], bool] | None = None
+    ) -> list[Any]:
         """The messages with special-token text in their content replaced by placeholders."""
         out: list[Any] = []
-        for m in messages:
+        for i, m in enumerate(messages):
+            if cancel is not None and i % 256 == 255 and cancel():
+                raise TokenizeCancelled("the request was cancelled while its chat was rendered")
             if isinstance(m, Message):
                 m = {"role": m.role, "content": m.content}
             content = m.get("content") if isinstance(m, Mapping) else None
@@ -204,7 +207,7 @@ class PromptTokenizer:
         limit: int | None = None,
     ) -> tuple[str, list[int]]:
         """The rendered chat (content masked) and its token ids after ``prefix``."""
-        text = template.render(self.mask(messages), add_generation_prompt=True)
+        text = template.render(self.mask(messages, cancel), add_generation_prompt=True, cancel=cancel)
         return text, self.tokens(self.segments(text), prefix=prefix, cancel=cancel, limit=limit)
 
     # -- plain text --------------------------------------------------------------------------------

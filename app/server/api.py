@@ -12,11 +12,12 @@ import logging
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
@@ -54,6 +55,8 @@ from app.server.schemas import (
 from app.server.served import Generation, Served, Stalled, Unavailable
 
 log = logging.getLogger("tandem.server")
+
+RequestModel = TypeVar("RequestModel", ChatCompletionRequest, CompletionRequest)
 
 POLL_DISCONNECT = 0.1  # seconds between checks that a waiting client is still there
 
@@ -130,7 +133,8 @@ def create_app(
         }
 
     @app.post("/v1/chat/completions", response_model=None)
-    async def chat(req: ChatCompletionRequest, request: Request) -> Any:
+    async def chat(request: Request) -> Any:
+        req = await _parse(request, ChatCompletionRequest, limits)
         if any(m.role == "tool" for m in req.messages):
             raise ApiError(400, "tool messages are not supported", param="messages")
         messages = [{"role": _role(m.role), "content": message_text(m)} for m in req.messages]
@@ -141,7 +145,8 @@ def create_app(
         return await _respond(served, gen, request, req, chat=True)
 
     @app.post("/v1/completions", response_model=None)
-    async def complete(req: CompletionRequest, request: Request) -> Any:
+    async def complete(request: Request) -> Any:
+        req = await _parse(request, CompletionRequest, limits)
         prompt = req.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
             prompt = prompt[0]
@@ -155,6 +160,36 @@ def create_app(
         return await _respond(served, gen, request, req, chat=False)
 
     return app
+
+
+BIG_BODY = 256 * 1024  # bytes beyond which a body is parsed on a thread, not the event loop's
+
+
+async def _parse(request: Request, model: type[RequestModel], limits: Limits) -> RequestModel:
+    """The request's body as ``model``: JSON, an object, no more messages than the limit (counted
+    before the rest is validated), then the fields; each failure a 400 naming it."""
+    body = await request.body()
+    if len(body) > BIG_BODY:
+        return await asyncio.to_thread(_validate, body, model, limits)
+    return _validate(body, model, limits)
+
+
+def _validate(body: bytes, model: type[RequestModel], limits: Limits) -> RequestModel:
+    try:
+        data = json.loads(body)
+    except json.JSONDecodeError as e:
+        raise ApiError(400, f"the request body is not valid JSON: {e.msg} (at character {e.pos})") from None
+    except (RecursionError, ValueError):  # nested too deep, not UTF-8
+        raise ApiError(400, "the request body is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "the request body must be a JSON object with the request's fields")
+    messages = data.get("messages")
+    if isinstance(messages, list) and len(messages) > limits.max_messages:
+        check_messages(len(messages), 0, limits, 1)
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise _validation_error(e.errors()) from None
 
 
 def _validation_error(errors: list[Any]) -> ApiError:
