@@ -7,6 +7,7 @@ model files are one line on stderr and exit code 2 (llama.cpp's log only with TA
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -217,6 +218,30 @@ def test_a_signal_stops_the_server_and_its_engine_cleanly(serve, folders, sig: i
     assert list(tmp.iterdir()) == [], "the engine's folder was left behind"
     _, alive = psutil.wait_procs(engines, timeout=5)
     assert alive == [], f"engine processes left running: {alive}"
+
+
+def test_ctrl_c_during_a_streamed_reply(serve, folders) -> None:
+    """The reply in progress is cut off within the grace period, and the server still stops cleanly."""
+    _, tmp, _ = folders
+    server = serve("--ctx", "16384")
+    server.ready()
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    body = {
+        "messages": [{"role": "user", "content": "Write a long story"}],
+        "max_tokens": 16000,
+        "temperature": 1,
+        "stream": True,
+    }
+    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.readline().startswith(b"data: ")  # the reply is streaming
+    code, took = server.stop(signal.SIGINT)
+    with contextlib.suppress(http.client.HTTPException, OSError):
+        resp.read()
+    conn.close()
+    assert code == 0, server.seen
+    assert took < 15
+    assert list(tmp.iterdir()) == []
 
 
 def test_sigterm_while_the_model_loads(serve, folders) -> None:
