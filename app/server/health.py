@@ -39,8 +39,7 @@ def engine_state(served: Served, watchdog: Watchdog | None = None) -> tuple[str,
         return "loading", {}
     client_state = served.client.state
     if served.recovering or client_state in ("dead", "starting", "stopped"):
-        reason = served.cause if served.recovering else f"the engine process is {client_state}"
-        return "restarting", {"reason": reason}
+        return "restarting", {"reason": served.cause if served.recovering else _down(served, client_state)}
     extra: dict[str, Any] = {"waiting": served.turns.waiting, "restarts": served.restarts}
     busy_since = served.busy_since
     if busy_since is None and watchdog is not None and served.turns.busy:
@@ -51,6 +50,13 @@ def engine_state(served: Served, watchdog: Watchdog | None = None) -> tuple[str,
     if served.progress_at is not None:
         extra["progress_s"] = round(now - served.progress_at, 1)
     return "busy", extra
+
+
+def _down(served: Served, state: str) -> str:
+    """Why the engine process is not running, in one line."""
+    err = served.client.exit_error
+    what = getattr(err, "what", "") or (str(err).splitlines()[0] if err is not None else "")
+    return what or f"the engine process is {state}"
 
 
 def health_response(served: Served, watchdog: Watchdog | None = None) -> JSONResponse:
@@ -105,9 +111,7 @@ class Watchdog:
             return
         state = served.client.state
         if state == "dead":
-            crash = served.client.last_crash
-            what = crash.what if crash is not None else "the engine process has stopped"
-            served.restart_after_crash(what)
+            served.restart_after_crash(_down(served, state))
             return
         if state != "running":
             return

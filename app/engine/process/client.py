@@ -142,6 +142,13 @@ class EngineClient:
         return "running" if host.exit_error is None and host.is_alive() else "dead"
 
     @property
+    def exit_error(self) -> Exception | None:
+        """Why the engine process is gone (an :class:`EngineCrashedError` after a crash), while it is
+        not restarted; None while it runs."""
+        host = self._host
+        return host.exit_error if host is not None else None
+
+    @property
     def wanted(self) -> LoadSettings | None:
         """The pair that should be loaded: the last asked for, until shutdown, unload or another load
         that fails."""
