@@ -132,6 +132,7 @@ def _serve(args: argparse.Namespace, sock: Any, stop: _Stop, target: Path, load:
     import uvicorn
 
     from app.engine import EngineClient
+    from app.server.connections import uvicorn_config  # idle and slow connections closed in time
 
     port = sock.getsockname()[1]
     client = EngineClient(auto_restart=True)
@@ -152,9 +153,7 @@ def _serve(args: argparse.Namespace, sock: Any, stop: _Stop, target: Path, load:
         allowed_hosts=allowed_hosts(args.host, port),
         cors_origins=args.cors_origin,
     )
-    config = uvicorn.Config(
-        app, host=args.host, port=port, log_level="warning", timeout_graceful_shutdown=GRACE_S
-    )
+    config = uvicorn_config(app, args.host, port, log_level="warning", timeout_graceful_shutdown=GRACE_S)
 
     class Server(uvicorn.Server):
         @contextlib.contextmanager
