@@ -204,6 +204,19 @@ def test_bad_input_is_a_400_naming_it(srv) -> None:
     assert status == 400 and "JSON" in err["message"], err
     status, err = error(srv, b'["not", "an", "object"]')
     assert status == 400 and "JSON object" in err["message"], err
+    # a body that does not say it is JSON (what a web page can send without asking): refused unread
+    for ctype in ("text/plain;charset=UTF-8", "application/x-www-form-urlencoded", None):
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+        conn.putrequest("POST", "/v1/chat/completions")
+        if ctype:
+            conn.putheader("Content-Type", ctype)
+        body = json.dumps({"messages": msgs, "max_tokens": 2}).encode()
+        conn.putheader("Content-Length", str(len(body)))
+        conn.endheaders(body)
+        resp = conn.getresponse()
+        got = json.loads(resp.read())
+        conn.close()
+        assert resp.status == 415 and got["error"]["code"] == "unsupported_media_type", (ctype, got)
     status, err = error(srv, {"model": "tiny-target"})
     assert status == 400 and err["param"] == "messages" and "required" in err["message"], err
     # and none of it reached the engine, which still answers

@@ -167,7 +167,16 @@ BIG_BODY = 256 * 1024  # bytes beyond which a body is parsed on a thread, not th
 
 async def _parse(request: Request, model: type[RequestModel], limits: Limits) -> RequestModel:
     """The request's body as ``model``: JSON, an object, no more messages than the limit (counted
-    before the rest is validated), then the fields; each failure a 400 naming it."""
+    before the rest is validated), then the fields; each failure a 400 naming it. The body must say it
+    is JSON: a web page can send another type (``text/plain``) or none without the browser asking
+    this server first (CORS), so those are refused unread."""
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media != "application/json" and not (media.startswith("application/") and media.endswith("+json")):
+        raise ApiError(
+            415,
+            f"the request body must be JSON sent as Content-Type: application/json, not {media or 'none'!r}",
+            code="unsupported_media_type",
+        )
     body = await request.body()
     if len(body) > BIG_BODY:
         return await asyncio.to_thread(_validate, body, model, limits)

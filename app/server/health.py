@@ -20,6 +20,7 @@ from app.server.served import Served
 log = logging.getLogger("tandem.server")
 
 TICK = 0.25  # seconds between the watchdog's looks
+DEAD_GRACE = 0.5  # seconds a dead engine is left to its owner before the watchdog restarts it
 PING_WAIT = 2.0  # seconds one ping waits for an answer (unanswered pings add up to the timeouts)
 
 
@@ -79,6 +80,7 @@ class Watchdog:
         self.limits = limits
         self.busy_since: float | None = None  # when the turn now held began, as seen here
         self._unanswered_since: float | None = None
+        self._dead_since: float | None = None
         self._last_ping = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -110,7 +112,11 @@ class Watchdog:
             self._unanswered_since = None
             return
         state = served.client.state
-        if state == "dead":
+        if state != "dead":
+            self._dead_since = None
+        elif self._dead_since is None:
+            self._dead_since = now  # its owner (the app's worker) may be restarting it already
+        elif now - self._dead_since >= DEAD_GRACE:
             served.restart_after_crash(_down(served, state))
             return
         if state != "running":
