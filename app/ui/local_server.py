@@ -299,12 +299,13 @@ class _Run:
             import uvicorn
 
             from app.server.api import allowed_hosts, create_app
+            from app.server.connections import uvicorn_config  # idle and slow-header timeouts
             from app.server.served import Served
 
             self.served = Served(self.client, turns=self.turns, ready=self.ready, created=int(time.time()))
             self.sync()
             app = create_app(self.served, allowed_hosts=allowed_hosts(HOST, self.port))
-            config = uvicorn.Config(
+            config = uvicorn_config(
                 app,
                 host=HOST,
                 port=self.port,
