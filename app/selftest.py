@@ -3,9 +3,14 @@
 Loads a tiny real target + draft pair through the real :class:`~app.engine.EngineClient` (so the
 engine's ``spawn`` child process must start: in a frozen app that needs ``multiprocessing.freeze_support``
 in the entry point), generates greedily in plain and in speculative mode on a few prompts, and checks the
-speculative reply is the plain reply token for token. Prints load time, tokens/s per mode, acceptance and
-the backend/devices llama.cpp reports. Exit code 0 on success, 1 on a failed check, 2 when the engine
-could not start or load.
+speculative reply is the plain reply token for token. Prints load time, tokens/s per mode, acceptance,
+the backend, the GPU it found (or why the models stay on the CPU: no GPU, a build without GPU support, a
+Vulkan build without a Vulkan driver, a software renderer auto offload skips) and every device llama.cpp
+reports. Exit code 0 on success, 1 on a failed check, 2 when the engine could not start or load.
+
+Layers go where auto offload puts them; ``TANDEM_GPU_LAYERS`` (auto, all, cpu or a count, as
+``--gpu-layers``) asks for others, and then the self-test fails if the models stayed on the CPU:
+``GGML_VK_VISIBLE_DEVICES=0 TANDEM_GPU_LAYERS=all tandem --self-test`` runs it on Mesa's lavapipe.
 
 The tiny models come from ``resources/selftest/`` (written at build time into the packaged app, see
 ``packaging/build.sh``); a development checkout without them generates them into a temporary directory
@@ -26,7 +31,7 @@ from typing import TYPE_CHECKING, TextIO
 from app import __version__
 
 if TYPE_CHECKING:
-    from app.engine import EngineInfo
+    from app.engine import Device, EngineInfo
 
 TARGET_NAME = "tiny-target.gguf"
 DRAFT_NAME = "tiny-draft.gguf"
@@ -37,6 +42,7 @@ PROMPTS: tuple[str, ...] = (
     "Speculative decoding lets a small draft model",
 )
 MAX_TOKENS = 48
+GPU_LAYERS_ENV = "TANDEM_GPU_LAYERS"
 
 
 def bundled_models_dir() -> Path:
@@ -65,14 +71,39 @@ def find_models(tmp_dir: Path | None = None) -> tuple[Path, Path, str]:
 def _describe_devices(info: EngineInfo) -> str:
     if not info.devices:
         return "none reported"
-    return "; ".join(f"{d.name} [{d.kind}] {d.description}".strip() for d in info.devices)
+
+    def one(d: Device) -> str:
+        kind = f"{d.kind}, software renderer" if d.software else d.kind
+        memory = (
+            f", {d.memory_free / 2**30:.1f}/{d.memory_total / 2**30:.1f} GiB free" if d.memory_total else ""
+        )
+        return f"{d.name} [{kind}{memory}] {d.description}".strip()
+
+    return "; ".join(one(d) for d in info.devices)
+
+
+def _describe_gpu(info: EngineInfo) -> str:
+    """The GPU the models run on, or why none (the line a bug report needs first)."""
+    used = [m.offload for m in (info.target, info.draft) if m is not None and m.offload.on_gpu]
+    if used:
+        o = used[0]
+        kind = {"IGPU": ", integrated", "software": ", software renderer"}.get(o.device_kind, "")
+        return f"{o.backend}: {o.device or '?'}{kind}"
+    return f"none, the models run on the CPU ({info.placement().removeprefix('CPU only (').rstrip(')')})"
 
 
 def run_self_test(
-    out: TextIO | None = None, prompts: Sequence[str] = PROMPTS, max_tokens: int = MAX_TOKENS
+    out: TextIO | None = None,
+    prompts: Sequence[str] = PROMPTS,
+    max_tokens: int = MAX_TOKENS,
+    gpu_layers: str | None = None,
 ) -> int:
-    """Run the self-test, printing figures to ``out`` (default stdout). Returns the process exit code."""
+    """Run the self-test, printing figures to ``out`` (default stdout). Returns the process exit code.
+
+    ``gpu_layers`` (default: ``$TANDEM_GPU_LAYERS``, else auto) as ``--gpu-layers``: any but auto and
+    cpu must put layers on a GPU, or the self-test fails."""
     out = out if out is not None else sys.stdout
+    gpu_layers = (gpu_layers if gpu_layers is not None else os.environ.get(GPU_LAYERS_ENV, "")) or "auto"
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")  # harmless; no Qt is imported here
 
     def say(line: str = "") -> None:
@@ -84,9 +115,14 @@ def run_self_test(
     )
     t0 = time.perf_counter()
     try:
-        from app.engine import EngineClient, Finished, GenerationSettings, LoadSettings
+        from app.engine import EngineClient, Finished, GenerationSettings, LoadSettings, parse_gpu_layers
     except Exception as e:  # a broken bundle: a module left out
         say(f"self-test FAILED: cannot import the engine: {type(e).__name__}: {e}")
+        return 2
+    try:
+        n_gpu_layers = parse_gpu_layers(gpu_layers)
+    except Exception as e:
+        say(f"self-test FAILED: {GPU_LAYERS_ENV}={gpu_layers}: {e}")
         return 2
 
     with tempfile.TemporaryDirectory(prefix="tandem-selftest-") as tmp:
@@ -105,7 +141,12 @@ def run_self_test(
                 t_started = time.perf_counter()
                 info = client.load(
                     LoadSettings(
-                        target=str(target), draft=str(draft), n_ctx=512, n_threads=1, n_threads_draft=1
+                        target=str(target),
+                        draft=str(draft),
+                        n_ctx=512,
+                        n_threads=1,
+                        n_threads_draft=1,
+                        n_gpu_layers=n_gpu_layers,
                     )
                 )
                 t_loaded = time.perf_counter()
@@ -120,14 +161,19 @@ def run_self_test(
                 f"models loaded in {t_loaded - t_started:.2f} s"
             )
             say(f"backend: {info.backend}")
+            say(f"gpu: {_describe_gpu(info)}")
             say(f"placement: {info.placement()}")
             say(f"devices: {_describe_devices(info)}")
+            failures: list[str] = []
+            if n_gpu_layers not in (None, 0) and not info.target.offload.on_gpu:
+                failures.append(
+                    f"{GPU_LAYERS_ENV}={gpu_layers} asked for GPU layers, but the target runs on the CPU"
+                )
 
             totals = {
                 m: {"tokens": 0, "seconds": 0.0, "drafted": 0, "accepted": 0}
                 for m in ("plain", "speculative")
             }
-            failures: list[str] = []
             for i, text in enumerate(prompts, 1):
                 prompt = client.tokenize(text)
                 replies: dict[str, Finished] = {}

@@ -7,8 +7,16 @@
 #     found AND an NVIDIA GPU is present (nvidia-smi -L lists one, or /dev/nvidia0 exists); nvcc alone
 #     is not enough (build machines often have the toolkit and no GPU, and a CUDA build takes far
 #     longer). The build targets the GPU's compute capability when nvidia-smi reports it;
+#   - else Vulkan on Linux and Windows where `glslc` (on PATH or in $VULKAN_SDK/bin) and the Vulkan
+#     headers (/usr/include/vulkan, or $VULKAN_SDK/include) are found: one build for AMD, Intel and
+#     NVIDIA GPUs with nothing but the graphics driver, beside the CPU backend. The pinned llama.cpp
+#     needs headers >= 1.3.261; older system headers (Debian 12 has 1.3.239) are replaced by
+#     packaging/vulkan-headers.sh, which fetches Debian 13's libvulkan-dev with apt-get download into
+#     ~/.cache/tandem/vulkan-headers (nothing installed) and passes -DVulkan_INCLUDE_DIR. The loader
+#     (libvulkan) and glslc stay the system's (Debian: apt-get install glslc libvulkan-dev). A machine
+#     without a Vulkan driver still runs such a build, on the CPU;
 #   - else the CPU.
-# TANDEM_BACKEND=cpu|cuda|metal forces a choice. When TANDEM_CMAKE_ARGS itself sets a GPU backend
+# TANDEM_BACKEND=cpu|cuda|metal|vulkan forces a choice. When TANDEM_CMAKE_ARGS itself sets a GPU backend
 # (GGML_CUDA, GGML_METAL, GGML_VULKAN, GGML_HIP, GGML_SYCL, ...), no backend is added: its flags decide.
 # TANDEM_CMAKE_ARGS is always appended to the flags.
 #
@@ -22,6 +30,7 @@
 # The built wheel is kept in a cache folder keyed by version and flags (pip's own wheel cache ignores
 # CMAKE_ARGS, so it could hand back a wheel built with other flags).
 # TANDEM_DRY_RUN=1 prints the backend, the flags and the wheel folder, and stops before building.
+# TANDEM_VENV=<folder> installs into that venv instead of .venv (CI's separate Vulkan venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -59,6 +68,27 @@ nvidia_gpus() {  # one line per GPU ("GPU 0: NVIDIA ... (UUID: ...)"); none when
     nvidia-smi -L 2>/dev/null | grep '^GPU ' || true
   fi
 }
+# --- Vulkan: glslc and the headers (their version is checked later, by vulkan-headers.sh) ---------------
+find_glslc() {
+  if command -v glslc >/dev/null 2>&1; then
+    command -v glslc
+  elif [[ -n "${VULKAN_SDK:-}" && -x "$VULKAN_SDK/bin/glslc" ]]; then
+    echo "$VULKAN_SDK/bin/glslc"
+  fi
+}
+vulkan_headers_present() {
+  [[ -r "${VULKAN_SDK:-/nonexistent}/include/vulkan/vulkan.h" || -r /usr/include/vulkan/vulkan.h ]]
+}
+spirv_headers_found() {  # ggml-vulkan's CMake wants SPIRV-Headers' package config (Debian: spirv-headers)
+  local d
+  for d in "${VULKAN_SDK:-/nonexistent}"/{share,lib,lib/cmake,lib/*/cmake}/SPIRV-Headers /usr/share/cmake/SPIRV-Headers \
+    /usr/{lib,lib64,local/share,local/lib}/cmake/SPIRV-Headers /usr/lib/*/cmake/SPIRV-Headers; do
+    [[ -r "$d/SPIRV-HeadersConfig.cmake" ]] && return 0
+  done
+  return 1
+}
+vulkan_system=0
+case "$system" in Linux | MINGW* | MSYS* | CYGWIN*) vulkan_system=1 ;; esac
 nvcc=$(find_nvcc)
 gpus=$(nvidia_gpus)
 gpu_present=0
@@ -78,6 +108,10 @@ elif [[ "$system" == Darwin && "$machine" == arm64 ]]; then
 elif [[ -n "$nvcc" && "$gpu_present" == 1 ]]; then
   backend=cuda
   why="CUDA toolkit and an NVIDIA GPU found"
+elif [[ "$vulkan_system" == 1 && -n "$(find_glslc)" ]] && vulkan_headers_present; then
+  backend=vulkan
+  why="glslc and the Vulkan headers found"
+  auto_vulkan=1
 else
   backend=cpu
   if [[ -n "$nvcc" ]]; then
@@ -91,6 +125,39 @@ fi
 
 gpu_args=""
 cuda_env=()
+# Vulkan: headers new enough (the system's, or Debian 13's fetched by vulkan-headers.sh); an automatic
+# choice that finds none falls back to the CPU with the reason
+vulkan_include=""
+if [[ "$backend" == vulkan ]]; then
+  glslc=$(find_glslc)
+  headers_rc=0
+  headers_log=$(mktemp)
+  if [[ "${TANDEM_DRY_RUN:-0}" == 1 ]]; then
+    vulkan_include=$(bash packaging/vulkan-headers.sh --no-fetch 2>"$headers_log") || headers_rc=$?
+  else
+    vulkan_include=$(bash packaging/vulkan-headers.sh 2>"$headers_log") || headers_rc=$?
+  fi
+  headers_note=$(tail -1 "$headers_log" | sed 's/^vulkan headers: //')
+  [[ "${TANDEM_DRY_RUN:-0}" == 1 ]] || cat "$headers_log" >&2
+  rm -f "$headers_log"
+  problem=""
+  if [[ -z "$glslc" ]]; then
+    problem="no glslc (on PATH or in \$VULKAN_SDK/bin; Debian: apt-get install glslc)"
+  elif [[ "$headers_rc" == 1 ]]; then
+    problem="$headers_note"
+  elif ! spirv_headers_found; then
+    problem="no SPIRV-Headers CMake package (Debian: apt-get install spirv-headers)"
+  fi
+  if [[ -n "$problem" ]]; then
+    if [[ "${auto_vulkan:-0}" == 1 ]]; then
+      backend=cpu
+      why="Vulkan build not possible: $problem"
+    else
+      echo "install-dev.sh: TANDEM_BACKEND=vulkan: $problem" >&2
+      exit 1
+    fi
+  fi
+fi
 case "$backend" in
   cpu)
     what="CPU ($simd_note)"
@@ -121,11 +188,18 @@ case "$backend" in
     what="CUDA (nvcc ${nvcc_version:-?} at $nvcc; GPU: ${first_gpu:-none found}${archs:+, architectures $archs})"
     cuda_env=(CUDACXX="$nvcc")
     ;;
+  vulkan)
+    [[ "$vulkan_system" == 1 ]] || { echo "install-dev.sh: TANDEM_BACKEND=vulkan needs Linux or Windows" >&2; exit 1; }
+    gpu_args="-DGGML_VULKAN=on"
+    # the system's headers need no flag; others (fetched, or the SDK's) are named
+    [[ "$vulkan_include" == /usr/include ]] || gpu_args+=" -DVulkan_INCLUDE_DIR=$vulkan_include"
+    what="Vulkan ($headers_note; glslc $glslc) and CPU ($simd_note)"
+    ;;
   custom)
     what="the backend TANDEM_CMAKE_ARGS sets"
     ;;
   *)
-    echo "install-dev.sh: TANDEM_BACKEND must be cpu, cuda or metal (not '$backend')" >&2
+    echo "install-dev.sh: TANDEM_BACKEND must be cpu, cuda or metal, or vulkan on Linux and Windows (not '$backend')" >&2
     exit 1
     ;;
 esac
@@ -146,18 +220,20 @@ if [[ "${TANDEM_DRY_RUN:-0}" == 1 ]]; then
   exit 0
 fi
 
-[[ -x .venv/bin/python ]] || "$python" -m venv .venv
+venv="${TANDEM_VENV:-.venv}"
+[[ -x "$venv/bin/python" ]] || "$python" -m venv "$venv"
 if ! compgen -G "$wheels/llama_cpp_python-$LLAMA_VERSION-*.whl" >/dev/null; then
   minutes="about 10 minutes on 2 cores"
   [[ "$backend" == cuda ]] && minutes="CUDA kernels take much longer than the CPU build"
+  [[ "$backend" == vulkan ]] && minutes="about 25 minutes on 2 cores: the shaders are compiled too"
   echo "building llama-cpp-python $LLAMA_VERSION for $what; $why" >&2
   echo "  CMAKE_ARGS: $cmake_args ($minutes)" >&2
   mkdir -p "$wheels"
-  env ${cuda_env[@]+"${cuda_env[@]}"} CMAKE_ARGS="$cmake_args" .venv/bin/python -m pip wheel -q \
+  env ${cuda_env[@]+"${cuda_env[@]}"} CMAKE_ARGS="$cmake_args" "$venv/bin/python" -m pip wheel -q \
     --disable-pip-version-check --no-deps --no-cache-dir -w "$wheels" "llama-cpp-python==$LLAMA_VERSION"
 else
   echo "llama-cpp-python $LLAMA_VERSION for $what: cached wheel in $wheels" >&2
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check --find-links "$wheels" \
+"$venv/bin/python" -m pip install -q --disable-pip-version-check --find-links "$wheels" \
   "llama-cpp-python==$LLAMA_VERSION" -e ".[test]"
-echo "installed: .venv/bin/tandem (llama.cpp for $what)" >&2
+echo "installed: $venv/bin/tandem (llama.cpp for $what)" >&2

@@ -2,13 +2,30 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from app.engine import EngineInfo, ModelInfo, Offload, parse_gpu_layers
 from app.engine.engine import Engine, LoadSettings
 from app.engine.errors import EngineError, ModelLoadError
 from app.engine.info import Device
-from app.engine.offload import ALL, AUTO, fewer_layers, gpu_budget, load_with_fewer_layers, plan_offload
+from app.engine.llama import _model_buffers
+from app.engine.offload import (
+    ALL,
+    ALLOW_SOFTWARE_ENV,
+    AUTO,
+    backend_of,
+    choose_device,
+    fewer_layers,
+    gpu_budget,
+    gpu_device,
+    is_software,
+    load_with_fewer_layers,
+    no_gpu_reason,
+    plan_offload,
+    used_gpu,
+)
 from app.gguf.memory import COMPUTE_BUFFER, GPU_RESERVE, Footprint, GiB, MiB, file_footprint
 from app.gguf.split import first_part, model_bytes, part_names, split_info
 from app.tiny_gguf import write_tiny_llama
@@ -129,3 +146,104 @@ def test_a_split_model_loads_from_any_part_and_counts_every_part(tmp_path) -> No
     (tmp_path / names[2]).unlink()
     with pytest.raises(ModelLoadError, match=r"missing: tiny-00003-of-00003\.gguf"):
         Engine(LoadSettings(target=str(first), n_ctx=256))
+
+
+# --------------------------------------------------------------------------------------------------
+# Which device: a real GPU (never a software renderer), discrete before integrated, or why none
+# --------------------------------------------------------------------------------------------------
+
+LAVAPIPE = Device(
+    "Vulkan0", "llvmpipe (LLVM 15.0.6, 256 bits)", "GPU", 24 * GiB, 24 * GiB
+)  # as ggml lists it
+SWIFTSHADER = Device("Vulkan1", "SwiftShader Device (Subzero)", "GPU", 4 * GiB, 4 * GiB)
+RADEON_IGPU = Device("Vulkan1", "AMD Radeon 780M (RADV PHOENIX)", "IGPU", 12 * GiB, 16 * GiB)
+RADEON = Device("Vulkan2", "AMD Radeon RX 7600 (RADV NAVI33)", "GPU", 7 * GiB, 8 * GiB)
+CPU = Device("CPU", "AMD Ryzen 7 7840HS", "CPU", 30 * GiB, 32 * GiB)
+
+
+def test_a_software_renderer_is_never_chosen_by_auto(monkeypatch) -> None:
+    monkeypatch.delenv(ALLOW_SOFTWARE_ENV, raising=False)
+    assert is_software(LAVAPIPE) and is_software(SWIFTSHADER) and not is_software(RADEON)
+    assert gpu_device([CPU, LAVAPIPE, SWIFTSHADER]) is None
+    assert gpu_device([CPU, LAVAPIPE, RADEON_IGPU]) == RADEON_IGPU
+    why = no_gpu_reason([CPU, LAVAPIPE], {"CPU": 1, "Vulkan": 1})
+    assert why.startswith("Vulkan device llvmpipe (LLVM 15.0.6, 256 bits) is a software renderer")
+    assert "--gpu-layers all uses it" in why
+    # tests and CI may plan for it (its real memory figures)
+    assert gpu_device([CPU, LAVAPIPE], allow_software=True) == LAVAPIPE
+    monkeypatch.setenv(ALLOW_SOFTWARE_ENV, "1")
+    assert gpu_device([CPU, LAVAPIPE]) == LAVAPIPE
+
+
+def test_a_discrete_gpu_before_an_integrated_one() -> None:
+    # llama.cpp itself uses integrated GPUs only where no discrete one is present
+    assert gpu_device([CPU, RADEON_IGPU, RADEON]) == RADEON == used_gpu([CPU, RADEON_IGPU, RADEON])
+    assert gpu_device([CPU, RADEON_IGPU]) == RADEON_IGPU
+    assert backend_of(RADEON) == "Vulkan" and backend_of(Device("MTL0", "Apple M3", "GPU", 1, 1)) == "Metal"
+
+
+def test_why_the_models_stay_on_the_cpu() -> None:
+    assert no_gpu_reason([CPU], {"CPU": 1}, gpu_offload=False) == "this llama.cpp build has no GPU support"
+    # a Vulkan build on a machine without a Vulkan driver (or with only lavapipe, which ggml skips)
+    assert no_gpu_reason([CPU], {"CPU": 1, "Vulkan": 0}, gpu_offload=False) == (
+        "this build has Vulkan, but Vulkan found no GPU (no Vulkan driver, or only a software renderer)"
+    )
+    assert no_gpu_reason([CPU], {"CPU": 1, "CUDA": 0}, gpu_offload=False).endswith("found no GPU (no driver)")
+    assert no_gpu_reason([CPU], {"CPU": 1, "BLAS": 1}, gpu_offload=True) == "no GPU found"
+
+
+def test_the_device_auto_plans_for_and_an_explicit_request(monkeypatch) -> None:
+    monkeypatch.delenv(ALLOW_SOFTWARE_ENV, raising=False)
+    found, regs = [CPU, LAVAPIPE], {"CPU": 1, "Vulkan": 1}
+    device, why = choose_device(found, regs, gpu_offload=True)
+    assert device is None and "software renderer" in why
+    # GPU layers asked for explicitly go where llama.cpp puts them (GGML_VK_VISIBLE_DEVICES=0 --gpu-layers
+    # all: lavapipe), and an automatic draft follows them
+    assert choose_device(found, regs, gpu_offload=True, target_request=ALL) == (LAVAPIPE, "")
+    assert choose_device(found, regs, gpu_offload=True, target_request=0) == (None, why)
+    # both explicit: no reason to give
+    assert choose_device([CPU], {"CPU": 1}, gpu_offload=False, target_request=0, draft_request=0) == (
+        None,
+        "",
+    )
+    assert choose_device([CPU, RADEON], regs, gpu_offload=True) == (RADEON, "")
+
+
+def test_a_gpu_too_small_for_the_draft_is_skipped_with_the_reason() -> None:
+    small = Device("Vulkan0", "Intel(R) UHD Graphics 620", "IGPU", DRAFT.total // 2, 2 * GiB)
+    plan = plan_offload(TARGET, DRAFT, small)
+    assert (plan.target_layers, plan.draft_layers, plan.device) == (0, 0, None)
+    assert plan.reason.startswith(
+        "Intel(R) UHD Graphics 620 has 490 MiB free for models, the draft needs 980 MiB"
+    )
+    # a target count asked for is kept
+    assert plan_offload(TARGET, DRAFT, small, target_request=4).target_layers == 4
+    assert plan_offload(TARGET, DRAFT, gpu(16 * GiB)).reason == ""
+
+
+def test_the_placement_names_the_device_kind_and_the_reason() -> None:
+    soft = Offload(-1, 3, 3, "Vulkan", "llvmpipe (LLVM 15.0.6, 256 bits)", device_kind="software")
+    assert soft.describe() == "3/3 layers on Vulkan (llvmpipe (LLVM 15.0.6, 256 bits), software renderer)"
+    igpu = Offload(-1, 29, 29, "Vulkan", "AMD Radeon 780M (RADV PHOENIX)", device_kind="IGPU")
+    assert igpu.describe() == "29/29 layers on Vulkan (AMD Radeon 780M (RADV PHOENIX), integrated GPU)"
+    cpu = Offload(0, 0, 29, "CPU")
+    note = "Vulkan device llvmpipe is a software renderer, slower than the CPU: auto offload skips it"
+    info = replace(_info(cpu, cpu, gpu_offload=True, devices=[LAVAPIPE]), offload_note=note)
+    assert info.placement() == f"CPU only ({note})"
+    info = replace(_info(cpu, cpu, gpu_offload=False), offload_note="this build has Vulkan, but ...")
+    assert info.placement() == "CPU only (this build has Vulkan, but ...)"
+
+
+def test_the_weights_buffers_from_llama_cpp_s_log() -> None:
+    log = [
+        "load_tensors: loading model tensors, this can take a while... (mmap = true)",
+        "load_tensors: offloading output layer to GPU",
+        "load_tensors: offloaded 3/3 layers to GPU",
+        "load_tensors:      Vulkan0 model buffer size =     0.59 MiB",
+        "load_tensors:   CPU_Mapped model buffer size =     0.14 MiB",
+    ]
+    assert _model_buffers(["something else", *log]) == ["Vulkan0", "CPU_Mapped"]
+    assert _model_buffers([*log, log[0], "load_tensors:   CPU_Mapped model buffer size =     0.59 MiB"]) == [
+        "CPU_Mapped"
+    ]  # the last load only
+    assert _model_buffers(["llama_context: n_ctx = 256"]) is None

@@ -24,11 +24,12 @@ from app.engine.llama import (
     Model,
     ModelLoadError,
     backend_name,
+    backends,
     check_model_file,
     devices,
     supports_gpu_offload,
 )
-from app.engine.offload import OffloadPlan, gpu_device, load_with_fewer_layers, plan_offload
+from app.engine.offload import OffloadPlan, choose_device, load_with_fewer_layers, plan_offload
 from app.engine.policy import (
     AdaptivePolicy,
     DraftPolicy,
@@ -129,25 +130,19 @@ class Engine:
         self.has_chat_template = bool(template)
 
     def _plan(self, settings: LoadSettings, target: Path, draft: Path | None) -> OffloadPlan:
-        """Where the layers go: an explicit count as asked; "auto" from the GGUF headers and the GPU's
-        free memory (nothing on a CPU-only build or without a GPU)."""
-        device = gpu_device(devices()) if supports_gpu_offload() else None
+        """Where the layers go: an explicit count as asked; "auto" from the GGUF headers and the free
+        memory of a real GPU (nothing on a CPU-only build, without a GPU or on a software renderer;
+        the plan's ``reason`` says why)."""
+        requests = {"target_request": settings.n_gpu_layers, "draft_request": settings.n_gpu_layers_draft}
+        device, why = choose_device(devices(), backends(), gpu_offload=supports_gpu_offload(), **requests)
         if device is None or (settings.n_gpu_layers is not None and settings.n_gpu_layers_draft is not None):
-            return plan_offload(
-                Footprint(0, 1, 0),
-                None,
-                device,
-                target_request=settings.n_gpu_layers,
-                draft_request=settings.n_gpu_layers_draft,
-            )
+            return replace(plan_offload(Footprint(0, 1, 0), None, device, **requests), reason=why)
         try:
             tfp = file_footprint(target, settings.n_ctx)
             dfp = file_footprint(draft, settings.n_ctx, draft=True) if draft is not None else None
         except (GGUFError, OSError) as e:
             raise ModelLoadError(str(e)) from e
-        return plan_offload(
-            tfp, dfp, device, target_request=settings.n_gpu_layers, draft_request=settings.n_gpu_layers_draft
-        )
+        return plan_offload(tfp, dfp, device, **requests)
 
     def _context(self, model: Model, n_ctx: int, *, draft: bool = False) -> Context:
         """A context for one model. The target keeps per-token recurrent snapshots (where its
@@ -431,6 +426,7 @@ class Engine:
             target=_model_info(self.target, self._target_ctx, self.memory),
             draft=draft,
             gpu_offload=supports_gpu_offload(),
+            offload_note=self.plan.reason,
         )
 
     # -- the drafting history ----------------------------------------------------------------------

@@ -10,13 +10,14 @@ from app.gguf.arch import MemoryKind, Rollback
 
 @dataclass(frozen=True)
 class Device:
-    """A ggml compute device (CPU, a CUDA GPU, Apple Metal, ...)."""
+    """A ggml compute device (CPU, a CUDA GPU, Apple Metal, a Vulkan GPU, ...)."""
 
-    name: str
+    name: str  # ggml's name: "CPU", "CUDA0", "MTL0", "Vulkan0"
     description: str
     kind: str  # "CPU", "GPU", "IGPU", "ACCEL"
     memory_free: int
     memory_total: int
+    software: bool = False  # a software renderer (Mesa's llvmpipe, SwiftShader) that ggml lists as a GPU
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class Offload:
     backend: str  # "CPU", "CUDA", "Metal", ...
     device: str = ""  # the GPU's description (empty on the CPU)
     failed_layers: tuple[int, ...] = ()  # layer counts whose load ran out of GPU memory first
+    device_kind: str = ""  # "GPU" (discrete), "IGPU" (integrated), "software" (a software renderer)
 
     @property
     def on_gpu(self) -> bool:
@@ -39,7 +41,9 @@ class Offload:
         if not self.on_gpu:
             text = "CPU"
         else:
-            where = f"{self.backend} ({self.device})" if self.device else self.backend
+            what = {"IGPU": "integrated GPU", "software": "software renderer"}.get(self.device_kind, "")
+            device = ", ".join(x for x in (self.device, what) if x)
+            where = f"{self.backend} ({device})" if device else self.backend
             text = f"{self.layers_offloaded}/{self.layers_total} layers on {where}"
         if self.failed_layers:
             text += f", fewer than planned: the GPU ran out of memory with {self.failed_layers[0]}"
@@ -77,11 +81,14 @@ class EngineInfo:
     target: ModelInfo
     draft: ModelInfo | None = None
     gpu_offload: bool = False  # this llama.cpp build can offload to a GPU
+    offload_note: str = ""  # why auto offload left a model on the CPU (no GPU, a software renderer, ...)
 
     def placement(self) -> str:
         """Where each model runs, in one line (for the CLI, the self-test and the status bar)."""
         gpus = [d for d in self.devices if d.kind in ("GPU", "IGPU")]
         if not self.target.offload.on_gpu and not (self.draft and self.draft.offload.on_gpu):
+            if self.offload_note:
+                return f"CPU only ({self.offload_note})"
             if not self.gpu_offload:
                 return "CPU only (this llama.cpp build has no GPU support)"
             if not gpus:
@@ -89,7 +96,8 @@ class EngineInfo:
         parts = [f"target: {self.target.offload.describe()}"]
         if self.draft is not None:
             parts.append(f"draft: {self.draft.offload.describe()}")
-        return "; ".join(parts)
+        line = "; ".join(parts)
+        return f"{line} ({self.offload_note})" if self.offload_note else line
 
     @property
     def size_bytes(self) -> int:

@@ -1,4 +1,5 @@
-"""The only module that calls ``llama_cpp``: thin wrappers over llama.cpp's C handles.
+"""With ``devices.py`` (ggml's device registry), the only module that calls ``llama_cpp``: thin
+wrappers over llama.cpp's C handles.
 
 One class per handle (``Model``, ``Context``), each with an explicit ``close()``; C error codes become
 Python exceptions. Everything above this module sees token ids, bytes and numpy arrays only.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -17,8 +19,13 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
+from app.engine.devices import _ggml_lib as _ggml_lib  # the devices (ggml's registry), re-exported
+from app.engine.devices import backend_name as backend_name
+from app.engine.devices import backends as backends
+from app.engine.devices import devices as devices
 from app.engine.errors import ContextFullError, DecodeError, LlamaError, ModelLoadError
-from app.engine.info import Device, Offload
+from app.engine.info import Offload
+from app.engine.offload import backend_of, is_software, used_gpu
 
 log = logging.getLogger("tandem.llama")
 log.addHandler(logging.NullHandler())  # llama.cpp's log is opt-in: never printed through lastResort
@@ -79,29 +86,6 @@ def supports_gpu_offload() -> bool:
     return bool(llama_cpp.llama_supports_gpu_offload())
 
 
-# --------------------------------------------------------------------------------------------------
-# Devices (ggml backend registry): which backend is in use, and how much memory it has
-# --------------------------------------------------------------------------------------------------
-
-_DEVICE_KINDS = {0: "CPU", 1: "GPU", 2: "IGPU", 3: "ACCEL", 4: "META"}
-
-
-def _ggml_lib() -> ctypes.CDLL | None:
-    """The ggml library llama.cpp already uses (its soname first: a wheel may hold a second copy of
-    the file under the unversioned name, and opening that would load a separate ggml instance)."""
-    lib_dir = Path(llama_cpp.__file__).parent / "lib"
-    for name in ("libggml.so.0", "libggml.so", "libggml.0.dylib", "libggml.dylib", "ggml.dll"):
-        path = lib_dir / name
-        if path.exists():
-            try:
-                lib = ctypes.CDLL(str(path))
-                lib.ggml_backend_dev_count  # noqa: B018 -- probe the symbol
-                return lib
-            except (OSError, AttributeError):
-                continue
-    return None
-
-
 def force_abort(message: str = "forced abort (test)") -> None:
     """Tests only: call ggml's own ``ggml_abort`` (what a failed GGML_ASSERT does). Never returns."""
     lib_dir = Path(llama_cpp.__file__).parent / "lib"
@@ -114,54 +98,19 @@ def force_abort(message: str = "forced abort (test)") -> None:
     raise LlamaError(f"ggml base library not found in {lib_dir}")
 
 
-def devices() -> list[Device]:
-    """The compute devices llama.cpp can use in this process."""
-    init_backend()
-    lib = _ggml_lib()
-    if lib is None:
-        return [Device("CPU", "CPU", "CPU", 0, 0)]
-    lib.ggml_backend_dev_count.restype = ctypes.c_size_t
-    lib.ggml_backend_dev_get.restype = ctypes.c_void_p
-    lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
-    for fn in ("ggml_backend_dev_name", "ggml_backend_dev_description"):
-        getattr(lib, fn).restype = ctypes.c_char_p
-        getattr(lib, fn).argtypes = [ctypes.c_void_p]
-    lib.ggml_backend_dev_type.restype = ctypes.c_int
-    lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
-    lib.ggml_backend_dev_memory.argtypes = [
-        ctypes.c_void_p,
-        ctypes.POINTER(ctypes.c_size_t),
-        ctypes.POINTER(ctypes.c_size_t),
-    ]
-    out = []
-    for i in range(lib.ggml_backend_dev_count()):
-        dev = lib.ggml_backend_dev_get(i)
-        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-        lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
-        out.append(
-            Device(
-                name=(lib.ggml_backend_dev_name(dev) or b"").decode(),
-                description=(lib.ggml_backend_dev_description(dev) or b"").decode(),
-                kind=_DEVICE_KINDS.get(lib.ggml_backend_dev_type(dev), "?"),
-                memory_free=free.value,
-                memory_total=total.value,
-            )
-        )
-    return out
-
-
-def backend_name() -> str:
-    """ "CUDA", "Metal", "Vulkan", ... for the first GPU device, else "CPU"."""
-    for dev in devices():
-        if dev.kind in ("GPU", "IGPU"):
-            name = dev.name.rstrip("0123456789")
-            return {"MTL": "Metal"}.get(name, name)
-    return "CPU"
-
-
 # --------------------------------------------------------------------------------------------------
 # Model
 # --------------------------------------------------------------------------------------------------
+
+
+def _model_buffers(lines: Sequence[str]) -> list[str] | None:
+    """The buffers the last model load put its weights in ("CPU_Mapped", "Vulkan0", ...), from
+    llama.cpp's log; None when the log does not show a load."""
+    starts = [i for i, line in enumerate(lines) if "load_tensors: loading model tensors" in line]
+    if not starts:
+        return None
+    found = (re.search(r"load_tensors:\s+(\S+) model buffer size", line) for line in lines[starts[-1] :])
+    return [m.group(1) for m in found if m]
 
 
 def check_model_file(path: str | os.PathLike[str]) -> Path:
@@ -249,13 +198,21 @@ class Model:
 
     def _offload_report(self, requested: int) -> Offload:
         """Where the layers went: llama.cpp offloads the last ``requested`` of the repeating layers and
-        the output layer (-1: all) when the build supports offload and a GPU is present."""
+        the output layer (-1: all) to the GPU it uses (a discrete one before an integrated one). The
+        load's own log ("Vulkan0 model buffer size = ...") must show weights on that GPU: a load that
+        stayed on the CPU reads as the CPU, never as offloaded."""
         total = self.n_layer + 1
-        gpu = next((d for d in devices() if d.kind in ("GPU", "IGPU")), None)
+        gpu = used_gpu(devices())
         if gpu is None or not supports_gpu_offload() or requested == 0:
             return Offload(requested, 0, total, "CPU")
+        held = _model_buffers(recent_log(120))
+        if held is not None and not any(b.startswith(gpu.name) and not b.endswith("_Host") for b in held):
+            return Offload(requested, 0, total, "CPU")
         layers = total if requested < 0 else min(requested, total)
-        return Offload(requested, layers, total, backend_name(), gpu.description or gpu.name)
+        kind = "software" if is_software(gpu) else gpu.kind
+        return Offload(
+            requested, layers, total, backend_of(gpu), gpu.description or gpu.name, device_kind=kind
+        )
 
     # -- metadata -----------------------------------------------------------------------------------
     def description(self) -> str:
