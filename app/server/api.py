@@ -12,12 +12,11 @@ import logging
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
 from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
@@ -44,6 +43,7 @@ from app.server.limits import (
     check_stop,
     check_token_ids,
 )
+from app.server.parsing import parse, validation_error
 from app.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -55,8 +55,6 @@ from app.server.schemas import (
 from app.server.served import Generation, Served, Stalled, Unavailable
 
 log = logging.getLogger("tandem.server")
-
-RequestModel = TypeVar("RequestModel", ChatCompletionRequest, CompletionRequest)
 
 POLL_DISCONNECT = 0.1  # seconds between checks that a waiting client is still there
 
@@ -107,7 +105,7 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, e: RequestValidationError) -> JSONResponse:
-        return _validation_error(e.errors()).response()
+        return validation_error(e.errors()).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, e: StarletteHTTPException) -> JSONResponse:
@@ -134,7 +132,7 @@ def create_app(
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(request: Request) -> Any:
-        req = await _parse(request, ChatCompletionRequest, limits)
+        req = await parse(request, ChatCompletionRequest, limits)
         if any(m.role == "tool" for m in req.messages):
             raise ApiError(400, "tool messages are not supported", param="messages")
         messages = [{"role": _role(m.role), "content": message_text(m)} for m in req.messages]
@@ -146,7 +144,7 @@ def create_app(
 
     @app.post("/v1/completions", response_model=None)
     async def complete(request: Request) -> Any:
-        req = await _parse(request, CompletionRequest, limits)
+        req = await parse(request, CompletionRequest, limits)
         prompt = req.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
             prompt = prompt[0]
@@ -160,73 +158,6 @@ def create_app(
         return await _respond(served, gen, request, req, chat=False)
 
     return app
-
-
-BIG_BODY = 256 * 1024  # bytes beyond which a body is parsed on a thread, not the event loop's
-
-
-async def _parse(request: Request, model: type[RequestModel], limits: Limits) -> RequestModel:
-    """The request's body as ``model``: JSON, an object, no more messages than the limit (counted
-    before the rest is validated), then the fields; each failure a 400 naming it. The body must say it
-    is JSON: a web page can send another type (``text/plain``) or none without the browser asking
-    this server first (CORS), so those are refused unread."""
-    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if media != "application/json" and not (media.startswith("application/") and media.endswith("+json")):
-        raise ApiError(
-            415,
-            f"the request body must be JSON sent as Content-Type: application/json, not {media or 'none'!r}",
-            code="unsupported_media_type",
-        )
-    body = await request.body()
-    if len(body) > BIG_BODY:
-        return await asyncio.to_thread(_validate, body, model, limits)
-    return _validate(body, model, limits)
-
-
-def _validate(body: bytes, model: type[RequestModel], limits: Limits) -> RequestModel:
-    try:
-        data = json.loads(body)
-    except json.JSONDecodeError as e:
-        raise ApiError(400, f"the request body is not valid JSON: {e.msg} (at character {e.pos})") from None
-    except (RecursionError, ValueError):  # nested too deep, not UTF-8
-        raise ApiError(400, "the request body is not valid JSON") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, "the request body must be a JSON object with the request's fields")
-    messages = data.get("messages")
-    if isinstance(messages, list) and len(messages) > limits.max_messages:
-        check_messages(len(messages), 0, limits, 1)
-    try:
-        return model.model_validate(data)
-    except ValidationError as e:
-        raise _validation_error(e.errors()) from None
-
-
-def _validation_error(errors: list[Any]) -> ApiError:
-    """A request pydantic refused, named plainly: the field and why, or what is wrong with the JSON."""
-    first = errors[0] if errors else {}
-    if first.get("type") == "json_invalid":
-        where = first.get("loc", ("body", 0))[-1]
-        why = (first.get("ctx") or {}).get("error", "JSON decode error")
-        return ApiError(400, f"the request body is not valid JSON: {why} (at character {where})")
-    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-    param = _param(loc)
-    if not param:
-        return ApiError(400, "the request body must be a JSON object with the request's fields")
-    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-    if first.get("type") == "missing":
-        msg = "this field is required"
-    return ApiError(400, f"{param}: {msg}", param=param)
-
-
-def _param(loc: list[str]) -> str:
-    out = ""
-    for part in loc:
-        if not part.isdigit() and not part.isidentifier():
-            continue  # a branch of a union ("str", "list[int]", "function-after[...]")
-        if part in ("str", "int", "float", "bool", "list"):
-            continue
-        out += f"[{part}]" if part.isdigit() else (f".{part}" if out else part)
-    return out
 
 
 def _role(role: str) -> str:
