@@ -354,6 +354,26 @@ def test_idle_and_slow_header_connections_are_closed_while_others_are_served(cli
         running.stop()
 
 
+def test_connections_beyond_the_bound_get_a_503_and_are_closed(client, tiny_pair) -> None:
+    limits = Limits(max_connections=8, header_timeout_s=30.0)
+    running = start(Served(client, model_path=str(tiny_pair.target), n_ctx=N_CTX), limits)
+    held = [socket.create_connection(("127.0.0.1", running.port), timeout=10) for _ in range(8)]
+    try:
+        time.sleep(0.2)
+        with socket.create_connection(("127.0.0.1", running.port), timeout=10) as extra:
+            head, _, body = read_to_eof(extra).decode().partition("\r\n\r\n")
+        assert head.startswith("HTTP/1.1 503") and "retry-after: 1" in head.lower(), head
+        assert json.loads(body)["error"]["code"] == "too_many_connections"
+        held.pop().close()  # one goes: a newcomer is served
+        time.sleep(0.2)
+        resp, _, _ = running.raw("GET", "/v1/models")
+        assert resp.status == 200
+    finally:
+        for s in held:
+            s.close()
+        running.stop()
+
+
 def read_to_eof(s: socket.socket) -> bytes:
     data = b""
     while chunk := s.recv(4096):

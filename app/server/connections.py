@@ -7,13 +7,14 @@ forever for a request's head (h11 has no header timeout): a connection that send
 headers a byte at a time (slowloris), was held for good. :class:`GuardedH11Protocol` closes one whose
 head has not arrived ``header_timeout_s`` seconds after it opened, or after the first byte of a later
 request on it. A head larger than 16 KiB is a 400 (h11's bound on an incomplete event), a body beyond
-the limits or too slow is refused by :class:`~app.server.limits.BodyLimit`, and ``limit_concurrency``
-bounds connections and requests at once (503 beyond).
+the limits or too slow is refused by :class:`~app.server.limits.BodyLimit`, and a connection beyond
+``max_connections`` open is answered 503 (OpenAI's error body) and closed at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Any
 
@@ -22,20 +23,37 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from app.server.limits import Limits
+from app.server.responses import error_body
 
 log = logging.getLogger("tandem.server")
 
 MAX_HEAD_BYTES = 16 * 1024  # a request line and headers larger than this are a 400
+_BUSY = json.dumps(
+    error_body(
+        "too many connections are open; try again shortly", "server_error", code="too_many_connections"
+    )
+).encode()
+#: the answer to a connection beyond ``max_connections`` (then it is closed)
+TOO_MANY = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
+    b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(_BUSY), _BUSY)
+)
 
 
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with a deadline for each request's head."""
 
     header_timeout: float = Limits.header_timeout_s
+    max_connections: int = Limits.max_connections
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._head_timer: asyncio.TimerHandle | None = None
         super().connection_made(transport)
+        if len(self.connections) > self.max_connections:
+            log.warning("refused a connection from %s: %d open", self.client, len(self.connections) - 1)
+            transport.write(TOO_MANY)
+            transport.close()
+            return
         self._arm()  # a new connection must send a request head in time
 
     def data_received(self, data: bytes) -> None:
@@ -82,8 +100,9 @@ class GuardedH11Protocol(H11Protocol):
 
 
 def protocol_class(limits: Limits) -> type[GuardedH11Protocol]:
-    """:class:`GuardedH11Protocol` with ``limits.header_timeout_s``."""
-    return type("GuardedH11Protocol", (GuardedH11Protocol,), {"header_timeout": limits.header_timeout_s})
+    """:class:`GuardedH11Protocol` with ``limits``' head timeout and connection bound."""
+    attrs = {"header_timeout": limits.header_timeout_s, "max_connections": limits.max_connections}
+    return type("GuardedH11Protocol", (GuardedH11Protocol,), attrs)
 
 
 def uvicorn_config(app: Any, host: str, port: int, limits: Limits | None = None, **kw: Any) -> uvicorn.Config:
@@ -94,7 +113,6 @@ def uvicorn_config(app: Any, host: str, port: int, limits: Limits | None = None,
     options: dict[str, Any] = {
         "http": protocol_class(limits),
         "timeout_keep_alive": limits.keep_alive_s,
-        "limit_concurrency": limits.max_connections,
         "h11_max_incomplete_event_size": MAX_HEAD_BYTES,
         "log_level": "warning",
     }

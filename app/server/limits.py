@@ -37,7 +37,7 @@ class Limits:
     header_timeout_s: float = 10.0
     #: seconds an idle keep-alive connection stays open between requests
     keep_alive_s: float = 5.0
-    #: open connections (and requests) at once; beyond it uvicorn answers 503
+    #: connections open at once (each carries one request at a time); one more is answered 503
     max_connections: int = 128
     #: seconds the engine may go without reporting progress on a request before the watchdog restarts
     #: it (a prompt at the longest evaluates well within it on a CPU)
