@@ -41,6 +41,10 @@ def engine_state(served: Served, watchdog: Watchdog | None = None) -> tuple[str,
     client_state = served.client.state
     if served.recovering or client_state in ("dead", "starting", "stopped"):
         return "restarting", {"reason": served.cause if served.recovering else _down(served, client_state)}
+    if client_state == "loading":
+        return "loading", {}
+    if served.client.settings is None:
+        return "restarting", {"reason": "the engine has no model loaded"}
     extra: dict[str, Any] = {"waiting": served.turns.waiting, "restarts": served.restarts}
     busy_since = served.busy_since
     if busy_since is None and watchdog is not None and served.turns.busy:
@@ -112,12 +116,13 @@ class Watchdog:
             self._unanswered_since = None
             return
         state = served.client.state
-        if state != "dead":
+        lost = state == "running" and served.client.settings is None and served.client.wanted is not None
+        if state != "dead" and not lost:  # lost: alive, but the model it should hold is not loaded
             self._dead_since = None
         elif self._dead_since is None:
             self._dead_since = now  # its owner (the app's worker) may be restarting it already
         elif now - self._dead_since >= DEAD_GRACE:
-            served.restart_after_crash(_down(served, state))
+            served.restart_after_crash("the engine lost its model" if lost else _down(served, state))
             return
         if state != "running":
             return

@@ -43,7 +43,7 @@ Count = Annotated[int, Strict(), Field(ge=1, lt=TOKEN_ID_LIMIT)]
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    include_usage: Bool = False
+    include_usage: Bool | None = False
 
 
 class ContentPart(BaseModel):
@@ -64,7 +64,7 @@ class Sampling(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
     model: Text | None = None
-    stream: Bool = False
+    stream: Bool | None = False
     stream_options: StreamOptions | None = None
     max_tokens: Count | None = None
     temperature: Float | None = Field(default=None, ge=0.0, le=2.0)
@@ -94,7 +94,7 @@ class ChatCompletionRequest(Sampling):
 
 class CompletionRequest(Sampling):
     prompt: Any
-    echo: Bool = False
+    echo: Bool | None = False
     suffix: Text | None = None
     best_of: Int | None = Field(default=None, ge=1)
 

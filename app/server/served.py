@@ -116,8 +116,13 @@ class Served:
             )
         if not self.ready():
             return Unavailable("the engine is loading the model; try again shortly", 2)
-        if self._recovering or self.client.state in ("dead", "starting"):
+        state = self.client.state
+        if self._recovering or state in ("dead", "starting"):
             return Unavailable("the engine is restarting; try again shortly", 2)
+        if state == "loading":
+            return Unavailable("the engine is loading the model; try again shortly", 2)
+        if state == "stopped" or self.client.settings is None:
+            return Unavailable("the engine has no model loaded; try again shortly", 2)
         return None
 
     def restart_after_crash(self, cause: str = "the engine process crashed") -> None:

@@ -78,6 +78,7 @@ class EngineClient:
         self._wanted: LoadSettings | None = None  # what should be: a failed reload keeps it to retry
         self.loaded_info: EngineInfo | None = None  # the loaded pair's info (None if nothing is)
         self._starting = 0  # threads starting a process now
+        self._loading = 0  # threads loading a pair now
         self._ids = itertools.count(1)
         self._lifecycle = threading.RLock()
         self._generation = threading.Lock()
@@ -133,13 +134,16 @@ class EngineClient:
 
     @property
     def state(self) -> str:
-        """The engine process: "stopped" (none), "starting", "running" or "dead" (gone, not restarted)."""
+        """The engine process: "stopped" (none), "starting", "loading" (a pair), "running" or "dead" (gone,
+        not restarted)."""
         if self._starting:
             return "starting"
         host = self._host
         if host is None:
             return "stopped"
-        return "running" if host.exit_error is None and host.is_alive() else "dead"
+        if host.exit_error is not None or not host.is_alive():
+            return "dead"
+        return "loading" if self._loading else "running"
 
     @property
     def exit_error(self) -> Exception | None:
@@ -222,8 +226,9 @@ class EngineClient:
         if settings != self._wanted:
             self._wanted = None  # until it loads: a failed load of another pair is not retried
         rid = self._request_id()
-        q = host.submit(Load(settings, request_id=rid), "while loading the model")
+        self._loading += 1
         try:
+            q = host.submit(Load(settings, request_id=rid), "while loading the model")
             while True:
                 reply = self._wait(host, q)
                 if isinstance(reply, LoadProgress):
@@ -239,6 +244,7 @@ class EngineClient:
                 elif isinstance(reply, Error):
                     raise error_from_reply(reply)
         finally:
+            self._loading -= 1
             host.done(rid)
 
     def generate(
