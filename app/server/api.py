@@ -117,6 +117,11 @@ def create_app(
             return ApiError(400, "the request body is not valid JSON").response()
         return ApiError(e.status_code, str(e.detail)).response()
 
+    @app.exception_handler(Exception)
+    async def _bug(_: Request, e: Exception) -> JSONResponse:  # still OpenAI's body, and logged
+        log.error("request failed: %s: %s", type(e).__name__, e)
+        return ApiError(500, f"internal error: {type(e).__name__}", "server_error").response()
+
     @app.get("/health")
     async def health() -> JSONResponse:
         return health_response(served, dog)
