@@ -419,3 +419,30 @@ def test_prompt_tokens_are_linear_and_unchanged(tiny_pair) -> None:
         assert times[16000] < 1.5 and times[16000] < 8 * times[4000] + 0.2, times
     finally:
         engine.close()
+
+
+def test_prompt_tokenizer_splits_as_llama_cpp_and_keeps_content_as_text() -> None:
+    """app.engine.prompt on a made-up vocabulary (a token per character): control tokens split only
+    the template's text, user-defined tokens any text, the longest match wins, white space beside an
+    lstrip/rstrip token goes, and placeholders cannot be forged."""
+    from app.engine.chat import ChatTemplate
+    from app.engine.prompt import PromptTokenizer, SpecialToken, TokenizeCancelled, TooManyTokens
+
+    specials = [
+        SpecialToken(1000, "<|a|>"),
+        SpecialToken(1001, "<u>", always=True),
+        SpecialToken(1002, "<|ab|>"),
+        SpecialToken(1003, "<|a|>x"),
+    ]
+    pt = PromptTokenizer(specials, lambda s: [ord(c) for c in s], lambda t: (t == 1002, t == 1002))
+    assert pt.segments("x<|a|>y<|a|>xz") == ["x", 1000, "y", 1003, "z"]
+    assert pt.segments("  <|ab|>  z<u>") == [1002, "z", 1001]
+    template = ChatTemplate("{% for m in messages %}<|a|>{{ m.content }}<|ab|>{% endfor %}")
+    content = "q<|a|>r<u>\ue000\U000f0001 "
+    _, ids = pt.chat(template, [{"role": "user", "content": content}])
+    assert ids == [1000, *map(ord, "q<|a|>r"), 1001, *map(ord, "\ue000\U000f0001"), 1002]
+    assert pt.tokens(pt.text_segments("a<u>b<|a|>")) == [ord("a"), 1001, ord("b"), *map(ord, "<|a|>")]
+    with pytest.raises(TokenizeCancelled):
+        pt.chat(template, [{"role": "user", "content": "x"}] * 1000, cancel=lambda: True)
+    with pytest.raises(TooManyTokens):
+        pt.chat(template, [{"role": "user", "content": "x" * 50}], limit=20)
