@@ -18,6 +18,13 @@
 #                            libggml-cpu-<variant> per x86 level, picked at run time (release builds;
 #                            about 35 CPU-minutes to build). Default "off": one portable AVX2 build
 #                            (GGML_NATIVE=OFF). On macOS and arm64 the variants are not used.
+#   TANDEM_VULKAN=auto|on|off  llama.cpp's Vulkan backend beside the CPU one (AMD, Intel and NVIDIA GPUs
+#                            with nothing but the graphics driver). Default on Linux "auto": on where
+#                            packaging/vulkan.sh finds what the build needs (Debian: apt-get install glslc
+#                            libvulkan-dev spirv-headers; headers older than 1.3.261 are replaced by
+#                            Debian 13's), else a CPU-only package with the reason printed; "on" fails
+#                            instead. Windows: off unless "on" (the Vulkan SDK, $VULKAN_SDK). Not on macOS.
+#                            Not added when TANDEM_CMAKE_ARGS sets a GPU backend itself.
 #   TANDEM_CMAKE_ARGS        extra CMake flags, e.g. "-DGGML_CUDA=on" (Windows/Linux CUDA build);
 #                            on macOS "-DGGML_METAL=on" is added by default.
 #   PYTHON                   the Python used for the build venv (default python3; 3.10-3.12)
@@ -45,6 +52,29 @@ extra="${TANDEM_CMAKE_ARGS:-}"
 if [[ "$os" == macos && "$extra" != *GGML_METAL* ]]; then
   extra="-DGGML_METAL=on${extra:+ $extra}"
 fi
+vulkan="${TANDEM_VULKAN:-}"
+[[ -n "$vulkan" ]] || { [[ "$os" == linux ]] && vulkan=auto || vulkan=off; }
+case "$vulkan" in auto | on | off) ;; *) echo "build.sh: TANDEM_VULKAN must be auto, on or off" >&2; exit 1 ;; esac
+if [[ "$extra" =~ GGML_(CUDA|METAL|VULKAN|HIP|SYCL|OPENCL|MUSA|CANN)[:=] || "$os" == macos ]]; then
+  vulkan=off  # the flags given (or Metal) decide
+fi
+backend="CPU"
+if [[ "$vulkan" != off ]]; then
+  vulkan_log=$(mktemp)
+  if vulkan_flags=$(bash packaging/vulkan.sh 2>"$vulkan_log"); then
+    extra="$vulkan_flags${extra:+ $extra}"
+    backend="Vulkan + CPU"
+    grep '^vulkan: headers' "$vulkan_log" | tail -1 >&2 || true
+  elif [[ "$vulkan" == on ]]; then
+    echo "build.sh: TANDEM_VULKAN=on: $(tail -1 "$vulkan_log" | sed 's/^vulkan: //')" >&2
+    rm -f "$vulkan_log"
+    exit 1
+  else
+    echo "build.sh: no Vulkan backend in this package: $(tail -1 "$vulkan_log" | sed 's/^vulkan: //')" >&2
+    echo "          (TANDEM_VULKAN=on makes that an error)" >&2
+  fi
+  rm -f "$vulkan_log"
+fi
 if [[ "${TANDEM_CPU_VARIANTS:-off}" == all && "$arch" == x86_64 ]]; then
   extra="-DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON${extra:+ $extra}"
 fi
@@ -61,7 +91,9 @@ niced=()
 command -v nice >/dev/null 2>&1 && niced=(nice -n 10)  # a shared build machine stays usable
 
 if ! compgen -G "$wheels/llama_cpp_python-$LLAMA_VERSION-*.whl" >/dev/null; then
-  echo "building llama-cpp-python $LLAMA_VERSION ($cmake_args); 10-40 minutes on 2 cores" >&2
+  minutes="10-40 minutes on 2 cores"
+  [[ "$backend" == Vulkan* ]] && minutes="about 25 minutes more for Vulkan's shaders"
+  echo "building llama-cpp-python $LLAMA_VERSION for $backend ($cmake_args); $minutes" >&2
   mkdir -p "$wheels"
   CMAKE_ARGS="$cmake_args" ${niced[@]+"${niced[@]}"} "${pip[@]}" wheel --no-deps --no-cache-dir -w "$wheels" \
     "llama-cpp-python==$LLAMA_VERSION"
@@ -151,4 +183,4 @@ if [[ "${TANDEM_SKIP_SELFTEST:-0}" != 1 ]]; then
     env -i HOME="$HOME" PATH=/usr/bin:/bin QT_QPA_PLATFORM=offscreen "$exe" --self-test
   fi
 fi
-echo "done: tandem $VERSION ($os-$arch, llama.cpp flags: $cmake_args)" >&2
+echo "done: tandem $VERSION ($os-$arch, llama.cpp for $backend, flags: $cmake_args)" >&2

@@ -9,12 +9,13 @@
 #     longer). The build targets the GPU's compute capability when nvidia-smi reports it;
 #   - else Vulkan on Linux and Windows where `glslc` (on PATH or in $VULKAN_SDK/bin) and the Vulkan
 #     headers (/usr/include/vulkan, or $VULKAN_SDK/include) are found: one build for AMD, Intel and
-#     NVIDIA GPUs with nothing but the graphics driver, beside the CPU backend. The pinned llama.cpp
-#     needs headers >= 1.3.261; older system headers (Debian 12 has 1.3.239) are replaced by
-#     packaging/vulkan-headers.sh, which fetches Debian 13's libvulkan-dev with apt-get download into
-#     ~/.cache/tandem/vulkan-headers (nothing installed) and passes -DVulkan_INCLUDE_DIR. The loader
-#     (libvulkan) and glslc stay the system's (Debian: apt-get install glslc libvulkan-dev). A machine
-#     without a Vulkan driver still runs such a build, on the CPU;
+#     NVIDIA GPUs with nothing but the graphics driver, beside the CPU backend. packaging/vulkan.sh
+#     checks the rest (SPIRV-Headers, the loader) and gives the flags: the pinned llama.cpp needs
+#     headers >= 1.3.261, and older system headers (Debian 12 has 1.3.239) are replaced by Debian 13's
+#     libvulkan-dev, fetched with apt-get download into ~/.cache/tandem/vulkan-headers (nothing
+#     installed). Debian: apt-get install glslc libvulkan-dev spirv-headers. When something is
+#     missing, the automatic choice is the CPU, with the reason. A machine without a Vulkan driver
+#     still runs a Vulkan build, on the CPU;
 #   - else the CPU.
 # TANDEM_BACKEND=cpu|cuda|metal|vulkan forces a choice. When TANDEM_CMAKE_ARGS itself sets a GPU backend
 # (GGML_CUDA, GGML_METAL, GGML_VULKAN, GGML_HIP, GGML_SYCL, ...), no backend is added: its flags decide.
@@ -79,14 +80,6 @@ find_glslc() {
 vulkan_headers_present() {
   [[ -r "${VULKAN_SDK:-/nonexistent}/include/vulkan/vulkan.h" || -r /usr/include/vulkan/vulkan.h ]]
 }
-spirv_headers_found() {  # ggml-vulkan's CMake wants SPIRV-Headers' package config (Debian: spirv-headers)
-  local d
-  for d in "${VULKAN_SDK:-/nonexistent}"/{share,lib,lib/cmake,lib/*/cmake}/SPIRV-Headers /usr/share/cmake/SPIRV-Headers \
-    /usr/{lib,lib64,local/share,local/lib}/cmake/SPIRV-Headers /usr/lib/*/cmake/SPIRV-Headers; do
-    [[ -r "$d/SPIRV-HeadersConfig.cmake" ]] && return 0
-  done
-  return 1
-}
 vulkan_system=0
 case "$system" in Linux | MINGW* | MSYS* | CYGWIN*) vulkan_system=1 ;; esac
 nvcc=$(find_nvcc)
@@ -125,39 +118,30 @@ fi
 
 gpu_args=""
 cuda_env=()
-# Vulkan: headers new enough (the system's, or Debian 13's fetched by vulkan-headers.sh); an automatic
-# choice that finds none falls back to the CPU with the reason
-vulkan_include=""
+# Vulkan: what the build needs and its flags (packaging/vulkan.sh: headers new enough, fetched where the
+# system's are older); an automatic choice that lacks something falls back to the CPU with the reason
+vulkan_flags=""
 if [[ "$backend" == vulkan ]]; then
-  glslc=$(find_glslc)
-  headers_rc=0
-  headers_log=$(mktemp)
-  if [[ "${TANDEM_DRY_RUN:-0}" == 1 ]]; then
-    vulkan_include=$(bash packaging/vulkan-headers.sh --no-fetch 2>"$headers_log") || headers_rc=$?
-  else
-    vulkan_include=$(bash packaging/vulkan-headers.sh 2>"$headers_log") || headers_rc=$?
-  fi
-  headers_note=$(tail -1 "$headers_log" | sed 's/^vulkan headers: //')
-  [[ "${TANDEM_DRY_RUN:-0}" == 1 ]] || cat "$headers_log" >&2
-  rm -f "$headers_log"
-  problem=""
-  if [[ -z "$glslc" ]]; then
-    problem="no glslc (on PATH or in \$VULKAN_SDK/bin; Debian: apt-get install glslc)"
-  elif [[ "$headers_rc" == 1 ]]; then
-    problem="$headers_note"
-  elif ! spirv_headers_found; then
-    problem="no SPIRV-Headers CMake package (Debian: apt-get install spirv-headers)"
-  fi
-  if [[ -n "$problem" ]]; then
+  vulkan_rc=0
+  vulkan_log=$(mktemp)
+  fetch_arg=()
+  [[ "${TANDEM_DRY_RUN:-0}" == 1 ]] && fetch_arg=(--no-fetch)  # a dry run downloads nothing
+  vulkan_flags=$(bash packaging/vulkan.sh ${fetch_arg[@]+"${fetch_arg[@]}"} 2>"$vulkan_log") || vulkan_rc=$?
+  headers_note=$(grep '^vulkan: headers' "$vulkan_log" | tail -1 | sed 's/^vulkan: //' || true)
+  problem=$(tail -1 "$vulkan_log" | sed 's/^vulkan: //')
+  [[ "${TANDEM_DRY_RUN:-0}" == 1 ]] || cat "$vulkan_log" >&2
+  rm -f "$vulkan_log"
+  if [[ "$vulkan_rc" == 1 ]]; then
     if [[ "${auto_vulkan:-0}" == 1 ]]; then
       backend=cpu
-      why="Vulkan build not possible: $problem"
+      why="no Vulkan build: $problem"
     else
       echo "install-dev.sh: TANDEM_BACKEND=vulkan: $problem" >&2
       exit 1
     fi
   fi
 fi
+
 case "$backend" in
   cpu)
     what="CPU ($simd_note)"
@@ -190,10 +174,8 @@ case "$backend" in
     ;;
   vulkan)
     [[ "$vulkan_system" == 1 ]] || { echo "install-dev.sh: TANDEM_BACKEND=vulkan needs Linux or Windows" >&2; exit 1; }
-    gpu_args="-DGGML_VULKAN=on"
-    # the system's headers need no flag; others (fetched, or the SDK's) are named
-    [[ "$vulkan_include" == /usr/include ]] || gpu_args+=" -DVulkan_INCLUDE_DIR=$vulkan_include"
-    what="Vulkan ($headers_note; glslc $glslc) and CPU ($simd_note)"
+    gpu_args="$vulkan_flags"
+    what="Vulkan (${headers_note:-headers ?}) and CPU ($simd_note)"
     ;;
   custom)
     what="the backend TANDEM_CMAKE_ARGS sets"
