@@ -1,9 +1,10 @@
-"""Builder of tiny, real GGUF models of four non-llama architectures, for tests and benchmarks.
+"""Builder of tiny, real GGUF models of non-llama architectures, for tests and benchmarks.
 
 ``qwen35`` (Qwen3.5: Gated DeltaNet linear-attention layers, a full-attention layer every
 ``full_attention_interval`` layers: hybrid memory), ``gemma3`` (sliding-window attention on some layers,
 global on the others: iSWA), ``qwen3moe`` (attention with a mixture of experts) and ``mamba2`` (a pure
-state-space model: recurrent memory only). Each file has the tokenizer and ChatML template of
+state-space model: recurrent memory only); also ``qwen3`` and ``qwen2`` (Qwen2.5: Q/K/V projections
+with biases), dense attention models. Each file has the tokenizer and ChatML template of
 :mod:`app.tiny_gguf` (509 tokens) and random weights that llama.cpp loads and generates with.
 
 Tensor names, shapes and header keys follow the pinned llama.cpp (llama-cpp-python 0.3.36):
@@ -14,9 +15,10 @@ real checkpoint fills them: norms stored with their +1 applied, ``ssm_a = -exp(A
 A *draft* is a target's weights plus gaussian noise of ``noise`` times each tensor's standard deviation
 (``base_seed`` names the target), as in :mod:`app.tiny_gguf`. ``shape`` overrides the dimensions, e.g.
 :data:`QWEN35_2B_SHAPE` (Qwen3.5-2B); big matrices are then written as random quantized blocks directly
-(seconds for GBs): see :func:`write_tiny_model`.
+(seconds for GBs): see :func:`write_tiny_model`; ``quant="Q4_K_M"`` gives each tensor the type
+llama.cpp's quantizer would (:mod:`app.tiny_quants`).
 
-Imports only numpy, gguf, the standard library and :mod:`app.tiny_gguf`.
+Imports only numpy, gguf, the standard library, :mod:`app.tiny_gguf` and :mod:`app.tiny_quants`.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType, TokenType
 from gguf.quants import quant_shape_to_byte_shape, quantize
 
 from app.tiny_gguf import CHATML_TEMPLATE, PRE_TOKENIZER, build_tokenizer
+from app.tiny_quants import q4_k_m_type, random_blocks
 
 __all__ = [
     "ARCHS",
@@ -44,8 +47,8 @@ __all__ = [
     "write_tiny_model",
 ]
 
-Arch = Literal["qwen35", "gemma3", "qwen3moe", "mamba2", "qwen3"]
-Quant = Literal["F32", "Q4_0", "Q8_0"]
+Arch = Literal["qwen35", "gemma3", "qwen3moe", "mamba2", "qwen3", "qwen2"]
+Quant = Literal["F32", "Q4_0", "Q8_0", "Q4_K_M"]
 ARCHS: tuple[str, ...] = ("qwen35", "gemma3", "qwen3moe", "mamba2")
 
 # fmt: off
@@ -65,6 +68,11 @@ DEFAULT_SHAPES: dict[str, dict[str, Any]] = {
     ),
     # a dense attention model (Qwen3: per-head Q/K norms), for benchmarks to set beside the others
     "qwen3": dict(
+        _COMMON, n_embd=64, n_layer=2, n_ff=128, n_head=4, n_head_kv=2, head_dim=16, rope_freq_base=1e6,
+        rms_eps=1e-6,
+    ),
+    # Qwen2.5: no Q/K norms, biases on Q, K and V; llama.cpp takes the head size as n_embd / n_head
+    "qwen2": dict(
         _COMMON, n_embd=64, n_layer=2, n_ff=128, n_head=4, n_head_kv=2, head_dim=16, rope_freq_base=1e6,
         rms_eps=1e-6,
     ),
@@ -103,7 +111,9 @@ QWEN35_0_8B_SHAPE: dict[str, Any] = dict(QWEN35_2B_SHAPE, n_embd=1024, n_ff=3584
 """Qwen/Qwen3.5-0.8B's text model (hidden 1024, intermediate 3584, otherwise as the 2B): a draft shape."""
 # fmt: on
 
-DEFAULT_NOISE: dict[str, float] = {"qwen35": 0.04, "gemma3": 0.065, "qwen3moe": 0.075, "mamba2": 0.07}
+DEFAULT_NOISE: dict[str, float] = {
+    "qwen35": 0.04, "gemma3": 0.065, "qwen3moe": 0.075, "mamba2": 0.07, "qwen2": 0.055,
+}  # fmt: skip
 """Relative noise of :func:`write_tiny_arch_pair`'s draft per architecture, tuned so that its greedy token
 equals the target's on 60-65% of the target's greedy positions (measured with llama.cpp 0.3.36 over 5
 prompts and 40 generated tokens each, F32)."""
@@ -116,9 +126,8 @@ _FILE_TYPES = {
     "F32": LlamaFileType.ALL_F32,
     "Q4_0": LlamaFileType.MOSTLY_Q4_0,
     "Q8_0": LlamaFileType.MOSTLY_Q8_0,
+    "Q4_K_M": LlamaFileType.MOSTLY_Q4_K_M,
 }
-# standard deviation of a uniformly random quant (int8 of Q8_0, nibble - 8 of Q4_0), in units of the scale
-_SPREAD = {"Q4_0": float(np.sqrt((16**2 - 1) / 12)), "Q8_0": float(np.sqrt((256**2 - 1) / 12))}
 
 
 class _T(NamedTuple):
@@ -126,7 +135,7 @@ class _T(NamedTuple):
 
     name: str
     ne: tuple[int, ...]
-    init: str  # mat | embd | f32mat | norm | ones | zeros | conv | a | dt_bias
+    init: str  # mat | embd | f32mat | norm | bias | ones | zeros | conv | a | dt_bias
     gain: float = 1.0
 
 
@@ -192,7 +201,7 @@ def _plan(arch: str, s: dict[str, Any]) -> tuple[dict[str, Any], list[_T]]:
     ]
     if not s["tied"]:
         tensors.append(_T("output.weight", (e, s["n_vocab"]), "mat", 4.0))
-    if arch in ("qwen35", "gemma3", "qwen3moe", "qwen3"):
+    if arch in ("qwen35", "gemma3", "qwen3moe", "qwen3", "qwen2"):
         kv |= {
             "feed_forward_length": s["n_ff"],
             "attention.head_count": s["n_head"],
@@ -256,6 +265,17 @@ def _plan(arch: str, s: dict[str, Any]) -> tuple[dict[str, Any], list[_T]]:
                 _T(p + "ffn_norm.weight", (e,), "norm"),
             ]
             tensors += [*_ffn(p, e, s["n_ff"]), _T(p + "post_ffw_norm.weight", (e,), "norm", rg)]
+    elif arch == "qwen2":
+        hd, kv_dim = s["head_dim"], s["head_dim"] * s["n_head_kv"]
+        if hd * s["n_head"] != e:
+            raise ValueError("qwen2: n_head * head_dim must equal n_embd")
+        for i in range(n_layer):
+            p = f"blk.{i}."
+            tensors += [_T(p + "attn_norm.weight", (e,), "norm")]
+            for x, width, gain in (("q", e, 2.0), ("k", kv_dim, 2.0), ("v", kv_dim, 1.0)):
+                tensors += [_T(f"{p}attn_{x}.weight", (e, width), "mat", gain), _T(f"{p}attn_{x}.bias", (width,), "bias")]  # fmt: skip  # noqa: E501
+            tensors += [_T(p + "attn_output.weight", (e, e), "mat", rg), _T(p + "ffn_norm.weight", (e,), "norm")]  # fmt: skip  # noqa: E501
+            tensors += _ffn(p, e, s["n_ff"], rg)
     elif arch == "qwen3":
         for i in range(n_layer):
             p = f"blk.{i}."
@@ -321,6 +341,8 @@ def _draw(t: _T, rng: np.random.Generator) -> np.ndarray:
         return rng.standard_normal(shape, dtype=np.float32) * np.float32(t.gain)
     if t.init == "norm":
         return (t.gain * (1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32))).astype(np.float32)
+    if t.init == "bias":
+        return rng.standard_normal(shape, dtype=np.float32) * np.float32(0.1)
     if t.init in ("ones", "zeros"):
         return np.full(shape, 1.0 if t.init == "ones" else 0.0, dtype=np.float32)
     if t.init == "a":  # -exp(A_log) with A in [1, 16], as Mamba2 and Gated DeltaNet initialise it
@@ -332,38 +354,19 @@ def _draw(t: _T, rng: np.random.Generator) -> np.ndarray:
 
 
 def _quantizable(t: _T, quant: str) -> bool:
-    return quant in _QTYPES and t.init in ("mat", "embd") and t.ne[0] % 32 == 0
+    return quant in (*_QTYPES, "Q4_K_M") and t.init in ("mat", "embd") and t.ne[0] % 32 == 0
 
 
-def _raw_blocks(
-    t: _T, quant: str, rng: np.random.Generator, noise_rng: np.random.Generator | None, noise: float
-) -> np.ndarray:
-    """Random quantized blocks of ``t`` (uniform quants, one scale of a random sign per block, giving the
-    F32 path's deviation).
+def _qtype(t: _T, quant: str, s: dict[str, Any]) -> GGMLQuantizationType:
+    """The type a quantizable tensor is stored as: ``quant``, or per tensor in a Q4_K_M file."""
+    if quant == "Q4_K_M":
+        return q4_k_m_type(t.name, t.ne[0], s["n_layer"], tied=s["tied"])
+    return _QTYPES[quant]
 
-    A draft's noise replaces a random fraction (a binomial count, at uniform positions) of the quant
-    bytes with fresh random ones: ``noise**2 / 2`` of Q8_0's, ``noise**2 / 4`` of Q4_0's (two quants a
-    byte), which deviates from the base by about ``noise`` relative, like the F32 path's gaussian noise.
-    """
-    qtype = _QTYPES[quant]
-    byte_shape = quant_shape_to_byte_shape(t.ne[::-1], qtype)
-    block_bytes = 34 if quant == "Q8_0" else 18
-    data = np.frombuffer(bytearray(rng.bytes(int(np.prod(byte_shape)))), dtype=np.uint8).reshape(
-        -1, block_bytes
-    )
-    std = t.gain if t.init == "embd" else t.gain / np.sqrt(t.ne[0])
-    lo, hi = np.frombuffer(np.float16(std / _SPREAD[quant]).tobytes(), dtype=np.uint8)
-    data[:, 0] = lo
-    data[:, 1] = (data[:, 1] & 0x80) | hi  # a random sign per block: uniform quants have mean -0.5
-    if noise_rng is not None and noise > 0:
-        n_quant_bytes = data.shape[0] * (block_bytes - 2)
-        per_byte = 4 if quant == "Q4_0" else 2  # a Q4_0 byte holds two quants
-        where = noise_rng.integers(
-            0, n_quant_bytes, noise_rng.binomial(n_quant_bytes, min(1.0, noise**2 / per_byte))
-        )
-        fresh = noise_rng.integers(0, 256, len(where), dtype=np.uint8)
-        data[where // (block_bytes - 2), 2 + where % (block_bytes - 2)] = fresh
-    return data.reshape(byte_shape)
+
+def _std(t: _T) -> float:
+    """The standard deviation :func:`_draw` gives a matrix."""
+    return t.gain if t.init == "embd" else t.gain / float(np.sqrt(t.ne[0]))
 
 
 def write_tiny_model(
@@ -386,10 +389,12 @@ def write_tiny_model(
     they are the weights of model ``base_seed`` plus gaussian noise (from ``seed``) of ``noise`` times each
     tensor's standard deviation: a draft of that model. Deterministic.
 
-    ``quant`` "Q4_0" or "Q8_0" quantizes the weight matrices (norms, convolutions, state-space parameters
-    and the MoE router stay F32). Matrices of at least :data:`RAW_MIN_ELEMENTS` values are written as
-    random quantized blocks directly, which takes seconds for a 2B model where quantizing floats would
-    take many minutes; "F32" is refused for models above 2**28 parameters.
+    ``quant`` "Q4_0" or "Q8_0" quantizes the weight matrices (norms, biases, convolutions, state-space
+    parameters and the MoE router stay F32); "Q4_K_M" gives each matrix the type llama.cpp's quantizer
+    would (:func:`app.tiny_quants.q4_k_m_type`), always as random blocks (no draft ``noise``). Matrices
+    of at least :data:`RAW_MIN_ELEMENTS` values are written as random quantized blocks directly
+    (:mod:`app.tiny_quants`), which takes seconds for a 2B model where quantizing floats would take
+    many minutes; "F32" is refused for models above 2**28 parameters.
 
     At a real shape a draft is far more sensitive to ``noise`` than a tiny one (24 layers, 248320 logits
     with small gaps): about 0.01 gives the ~60% agreement that :data:`DEFAULT_NOISE` gives the tiny ones
@@ -440,7 +445,7 @@ def write_tiny_model(
     for t in tensors:
         np_shape = t.ne[::-1]
         if _quantizable(t, quant):
-            qtype = _QTYPES[quant]
+            qtype = _qtype(t, quant, s)
             byte_shape = quant_shape_to_byte_shape(np_shape, qtype)
             writer.add_tensor_info(
                 t.name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=qtype
@@ -453,8 +458,10 @@ def write_tiny_model(
     for i, t in enumerate(tensors):
         rng = np.random.default_rng([seed if base_seed is None else base_seed, i])
         noise_rng = None if base_seed is None else np.random.default_rng([seed, i, 1])
-        if _quantizable(t, quant) and int(np.prod(t.ne)) >= RAW_MIN_ELEMENTS:
-            writer.write_tensor_data(_raw_blocks(t, quant, rng, noise_rng, noise))
+        if _quantizable(t, quant) and (quant == "Q4_K_M" or int(np.prod(t.ne)) >= RAW_MIN_ELEMENTS):
+            qtype = _qtype(t, quant, s)
+            blocks = random_blocks(qtype, int(np.prod(t.ne)), _std(t), rng, noise_rng, noise)
+            writer.write_tensor_data(blocks.reshape(quant_shape_to_byte_shape(t.ne[::-1], qtype)))
             continue
         w = _draw(t, rng)
         if noise_rng is not None and noise > 0:
