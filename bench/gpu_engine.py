@@ -1,0 +1,163 @@
+"""The engine end to end on the GPU, as the app runs it (:class:`EngineClient`: the engine process), with
+the target as its own draft: every draft is the target's own greedy text, so every round that drafts
+k tokens should accept all k (a rejection is a numerical tie between batched and one-token evaluation).
+
+A round then costs what the cost table says it should (the draft catches up with 2 tokens, drafts k-1
+more one at a time, and the target verifies k+1), plus what Tandem's loop adds: Python between the
+evaluations, the draft's and target's logits read back (each read waits for the GPU), the IPC of each
+``Step`` to the client. Measured per round as the time between the starts of consecutive rounds (the
+``Step.began`` clock), beside the table's prediction; plain decoding likewise per token.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.gpu_costs import NotOnGPU, offload_lines
+
+
+def log_since(path: str | None, offset: int) -> tuple[list[str], int]:
+    """The lines the engine process logged to its file from byte ``offset`` on, and the new offset."""
+    if not path or not Path(path).exists():
+        return [], offset
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        data = fh.read()
+    return data.decode("utf-8", errors="replace").splitlines(), offset + len(data)
+
+
+def check_engine_on_gpu(lines: list[str], loads: int, *, allow_cpu: bool) -> list[tuple[int, int]]:
+    """llama.cpp's "offloaded N/M layers" lines of ``loads`` model loads in the engine's log; raises
+    :class:`NotOnGPU` unless there are that many and each offloaded every layer."""
+    found = offload_lines(lines)
+    if allow_cpu:
+        return found
+    if len(found) < loads:
+        raise NotOnGPU(
+            f"the engine process logged {len(found)} GPU offloads for {loads} models (a CPU build?)"
+        )
+    partial = [f"{a}/{b}" for a, b in found if a < b]
+    if partial:
+        raise NotOnGPU(f"the engine process offloaded only {', '.join(partial)} layers to the GPU")
+    return found
+
+
+def predicted_round_ms(table: dict[str, Any], k: int) -> float | None:
+    """A fully accepted round of k drafted tokens with the target as its own draft, from the table:
+    the draft's catch-up batch of 2, k-1 draft steps, and the verify batch of k+1 (None: past it)."""
+    r = table["target"]["ratio"]
+    return table["target"]["step_ms"] * (r[1] + (k - 1) + r[k]) if k < len(r) else None
+
+
+def _run(client: Any, prompt: list[int], settings: Any) -> dict[str, Any]:
+    from app.engine.events import Finished, Step
+
+    began: list[float] = []
+    rounds: list[tuple[int, int, float, float]] = []  # drafted, accepted, t_round, t_llama
+    fin = None
+    t0 = time.perf_counter()
+    for ev in client.generate(prompt=prompt, settings=settings):
+        if isinstance(ev, Step):
+            began.append(ev.began)
+            rounds.append((ev.n_drafted, ev.n_accepted, ev.t_round, ev.t_llama))
+        elif isinstance(ev, Finished):
+            fin = ev
+    wall = time.perf_counter() - t0
+    assert fin is not None
+    periods = [b - a for a, b in itertools.pairwise(began)]  # the last round's tail is cut
+    full = [i for i, (d, a, _, _) in enumerate(rounds[:-1]) if d and a == d]
+    return {
+        "tokens": list(fin.tokens),
+        "n_generated": fin.stats.n_generated,
+        "rounds": len(rounds),
+        "n_drafted": fin.stats.n_drafted,
+        "n_accepted": fin.stats.n_accepted,
+        "decode_tokens_per_second": round(fin.stats.decode_tokens_per_second, 2),
+        "python_share": round(fin.stats.python_share, 4),
+        "wall_s": round(wall, 3),
+        "period_ms": [round(1000 * p, 3) for p in periods],
+        "full_rounds": full,  # rounds (by index) that drafted and accepted everything
+        "t_round_ms": [round(1000 * r[2], 3) for r in rounds],
+        "t_llama_ms": [round(1000 * r[3], 3) for r in rounds],
+    }
+
+
+def _median(xs: list[float]) -> float | None:
+    return round(statistics.median(xs), 3) if xs else None
+
+
+def run_engine(
+    target: str,
+    table: dict[str, Any] | None,
+    *,
+    ks: tuple[int, ...] = (3, 7, 15),
+    max_tokens: int = 256,
+    repeats: int = 2,
+    n_ctx: int = 4096,
+    allow_cpu: bool = False,
+    threads: int | None = None,
+) -> dict[str, Any]:
+    """Plain and speculative (``ks``) decoding of the target with itself as the draft, interleaved
+    ``repeats`` times; per mode the median round period, and against ``table`` (a context's entry of
+    :func:`bench.gpu_costs.measure`) what a round should cost and what the loop adds."""
+    from app.engine import EngineClient, GenerationSettings, LoadSettings
+
+    gpu = 0 if allow_cpu else -1
+    settings = LoadSettings(
+        target, target, n_ctx=n_ctx, n_threads=threads, n_gpu_layers=gpu, n_gpu_layers_draft=gpu
+    )
+    rng = random.Random(1)
+    prompt = [rng.randrange(3, 500) for _ in range(200)]  # the tokenizer's real tokens, any text will do
+    modes: dict[str, Any] = {"plain": GenerationSettings(mode="plain", max_tokens=max_tokens)}
+    for k in ks:
+        modes[f"spec{k}"] = GenerationSettings(
+            mode="speculative", n_max=k, n_min=k, adaptive=False, max_tokens=max_tokens
+        )
+    out: dict[str, Any] = {"n_ctx": n_ctx, "prompt_tokens": len(prompt), "max_tokens": max_tokens}
+    with EngineClient() as client:
+        t0 = time.perf_counter()
+        client.load(settings)
+        out["load_seconds"] = round(time.perf_counter() - t0, 2)
+        lines, _ = log_since(client.log_path, 0)
+        out["offloaded"] = check_engine_on_gpu(lines, 2, allow_cpu=allow_cpu)
+        info = client.loaded_info
+        out["backend"] = info.backend if info else None
+        for _ in client.generate(prompt=prompt, settings=GenerationSettings(mode="plain", max_tokens=16)):
+            pass
+        runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+        for _ in range(repeats):
+            for name, gs in modes.items():
+                runs[name].append(_run(client, prompt, gs))
+    plain_tokens = runs["plain"][0]["tokens"]
+    summary: dict[str, Any] = {}
+    for name, rs in runs.items():
+        k = 0 if name == "plain" else int(name[4:])
+        periods = [p for r in rs for i, p in enumerate(r["period_ms"]) if k == 0 or i in r["full_rounds"]]
+        llama = [t for r in rs for i, t in enumerate(r["t_llama_ms"][:-1]) if k == 0 or i in r["full_rounds"]]
+        row: dict[str, Any] = {
+            "tokens_per_second": [r["decode_tokens_per_second"] for r in rs],
+            "acceptance": round(
+                sum(r["n_accepted"] for r in rs) / max(1, sum(r["n_drafted"] for r in rs)), 4
+            ),
+            "same_as_plain": all(r["tokens"] == plain_tokens for r in rs),
+            "round_ms": _median(periods),
+            "llama_ms": _median(llama),
+            "rounds_measured": len(periods),
+            "python_share": [r["python_share"] for r in rs],
+        }
+        want = (
+            None if table is None else table["target"]["step_ms"] if k == 0 else predicted_round_ms(table, k)
+        )
+        if want and periods:
+            row["predicted_ms"] = round(want, 3)
+            row["overhead_ms"] = round(statistics.median(periods) - want, 3)
+            row["overhead_share"] = round(statistics.median(periods) / want - 1, 4)
+        summary[name] = row
+    out["modes"] = summary
+    out["runs"] = {m: [{k: v for k, v in r.items() if k != "tokens"} for r in rs] for m, rs in runs.items()}
+    return out

@@ -1,0 +1,102 @@
+"""The GPU check's printed summary, from its JSON (:mod:`bench.gpu_check`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+SHOWN_BATCHES = (2, 4, 8, 16, 32, 64)
+
+
+def _cost_lines(name: str, costs: dict[str, Any]) -> list[str]:
+    if "contexts" not in costs:
+        return [f"costs [{name}]: NOT MEASURED: {costs.get('error')}"]
+    gpus = [d["description"] or d["name"] for d in costs.get("devices", []) if d["kind"] in ("GPU", "IGPU")]
+    tl, dl = costs.get("target_load", {}), costs.get("draft_load", {})
+    lines = [
+        f"costs [{name}]: backend {costs.get('backend')} on {', '.join(gpus) or 'no GPU'}; "
+        f"target {tl.get('offloaded')} layers offloaded "
+        f"({tl.get('gpu_bytes', 0) / 2**20:.0f} MiB on the GPU), "
+        f"draft {dl.get('offloaded')}; {costs.get('seconds')} s"
+    ]
+    for ctx, c in costs["contexts"].items():
+        t, d = c["target"], c["draft"]
+        b = t["batches"]
+        cells = [
+            f"{n}: {t['ratio'][b.index(n)]:.2f} [{t['q1'][b.index(n)]:.2f}-{t['q3'][b.index(n)]:.2f}]"
+            for n in SHOWN_BATCHES
+            if n in b
+        ]
+        lines.append(
+            f"  after {ctx} tokens: target step {t['step_ms']:.2f} ms; verify (steps) " + ", ".join(cells)
+        )
+        cells = [f"{n}: {d['ratio'][b.index(n)]:.3f}" for n in (1, *SHOWN_BATCHES) if n in b]
+        lines.append(f"    draft step {d['ms'][0]:.2f} ms; draft batches (target steps) " + ", ".join(cells))
+    return lines
+
+
+def _engine_lines(e: dict[str, Any]) -> list[str]:
+    lines = [f"engine (target as its own draft, {e['max_tokens']} tokens, backend {e.get('backend')}):"]
+    for mode, m in e["modes"].items():
+        extra = ""
+        if "predicted_ms" in m:
+            extra = (
+                f", table predicts {m['predicted_ms']:.2f} ms: the loop adds {m['overhead_ms']:+.2f} ms "
+                f"({100 * m['overhead_share']:+.1f} %)"
+            )
+        what = "per token" if mode == "plain" else "per fully accepted round"
+        lines.append(
+            f"  {mode}: {', '.join(f'{x:.1f}' for x in m['tokens_per_second'])} tok/s; {m['round_ms']} ms "
+            f"{what}{extra}; acceptance {m['acceptance']:.3f}; same as plain: {m['same_as_plain']}"
+        )
+    return lines
+
+
+def _replay_lines(replay: dict[str, Any]) -> list[str]:
+    lines = []
+    for name, r in replay.items():
+        lines.append(
+            f"replay [{name}, {r['replies']} replies, table: {r['table']}]: speedup over plain, all:"
+        )
+        lines.append("  " + "; ".join(f"{mode} {row['all']:.3f}x" for mode, row in r["speedup"].items()))
+    return lines
+
+
+def summary_lines(result: dict[str, Any]) -> list[str]:
+    """What a reader wants first: where it ran, the table, the loop, losslessness, the replay."""
+    env = result.get("environment", {})
+    lines = [
+        f"Tandem GPU check, {env.get('date')}{' (dry run)' if result.get('dry_run') else ''}: "
+        f"GPU {env.get('nvidia_smi')}; llama-cpp-python {env.get('llama_cpp_python')}; "
+        f"{result.get('total_seconds')} s"
+    ]
+    m = result.get("models")
+    if m:
+        lines.append(
+            f"models ({m['shapes']} shapes): target {m['target']['bytes'] / 2**30:.2f} GiB "
+            f"in {m['target']['seconds']} s, draft {m['draft']['bytes'] / 2**30:.2f} GiB "
+            f"in {m['draft']['seconds']} s"
+        )
+    for name, costs in (result.get("costs") or {}).items():
+        lines += _cost_lines(name, costs)
+    if "engine" in result:
+        lines += _engine_lines(result["engine"])
+    if "replay" in result:
+        lines += _replay_lines(result["replay"])
+    if "lossless" in result:
+        lo = result["lossless"]
+        t = lo["total"]
+        lines.append(
+            f"lossless: {t['runs']} runs, {t['equal']} equal to plain, {t['ties']} part at a numerical tie, "
+            f"{t['failures']} failures; errors: {', '.join(lo['errors']) or 'none'}"
+        )
+        for name, pair in lo["pairs"].items():
+            if "error" in pair:
+                lines.append(f"  {name}: ERROR {pair['error']}")
+            else:
+                lines.append(
+                    f"  {name}: {pair['equal']}/{pair['runs']} equal, {pair['ties']} ties, "
+                    f"{pair['failures']} failures, offloaded {pair['offloaded']}"
+                )
+    for step, err in (result.get("errors") or {}).items():
+        lines.append(f"{step}: FAILED: {err}")
+    return lines
