@@ -19,6 +19,8 @@ Steps, each written to the JSON as it ends (a run stopped half-way keeps what it
    replayed with the measured table (:mod:`bench.gpu_replay`): what they would give with a 7B target
    on this GPU, per mode.
 5. ``lossless``: the tests' tiny real models on the GPU (:mod:`bench.gpu_lossless`).
+6. ``backends``: step 2 for the other builds given with ``--backend`` (Vulkan), last: the first one's
+   figures matter most, and a call that runs out of time keeps them.
 
 ``--dry-run`` runs steps 1 and 4, step 4 with ``--ratios`` (default ``recorded``: the table measured
 where the replies were prepared; ``gpu``: the assumed laptop-GPU table of ``bench.replay --ratios
@@ -42,7 +44,7 @@ from typing import Any
 from bench.gpu_summary import summary_lines
 
 REPO = Path(__file__).resolve().parents[1]
-STEPS = ("models", "costs", "engine", "replay", "lossless")
+STEPS = ("models", "costs", "engine", "replay", "lossless", "backends")
 DRY_STEPS = ("models", "replay")
 SET_CONTEXT = {"single-turn": "512", "multi-turn": "4096"}  # the measured table each set replays with
 ASSUMED_DRAFT = [0.15] * 16  # --ratios gpu: a 0.5B draft's step against a 7B's, assumed (not measured)
@@ -123,8 +125,8 @@ def given_table(
             out[name] = (gpu_ratios(), ASSUMED_DRAFT, "gpu (assumed laptop GPU)")
         elif Path(text).is_file():
             data = json.loads(Path(text).read_text(encoding="utf-8"))
-            measured = measured_table(data["costs"][data["primary"]], SET_CONTEXT[name])
-            out[name] = (*measured, f"measured ({text})")
+            ratios, draft, used = measured_table(data["costs"][data["primary"]], SET_CONTEXT[name])
+            out[name] = (ratios, draft, f"measured after {used} tokens ({text})")
         else:
             try:
                 ratios = [float(x) for x in text.split(",")]
@@ -134,11 +136,12 @@ def given_table(
     return out
 
 
-def measured_table(costs: dict[str, Any], context: str) -> tuple[list[float], list[float]]:
-    """A backend's measured verify table (batches 1-64, in steps) and the draft's, at ``context``."""
-    c = costs["contexts"].get(context) or costs["contexts"][max(costs["contexts"], key=int)]
-    ratios = [1.0, *c["target"]["ratio"][1:]]
-    return ratios, list(c["draft"]["ratio"])
+def measured_table(costs: dict[str, Any], context: str) -> tuple[list[float], list[float], str]:
+    """A backend's measured verify table (batches 1-64, in steps) and the draft's, at ``context`` (or
+    the longest measured), and which context that was."""
+    used = context if context in costs["contexts"] else max(costs["contexts"], key=int)
+    c = costs["contexts"][used]
+    return [1.0, *c["target"]["ratio"][1:]], list(c["draft"]["ratio"]), used
 
 
 def run_replay(args: argparse.Namespace, result: dict[str, Any]) -> dict[str, Any]:
@@ -149,14 +152,19 @@ def run_replay(args: argparse.Namespace, result: dict[str, Any]) -> dict[str, An
         tables = given_table(args.ratios, {n: m for n, (m, _) in loaded.items()})
     else:
         costs = result["costs"][result["primary"]]
-        tables = {
-            n: (*measured_table(costs, SET_CONTEXT[n]), f"measured at {SET_CONTEXT[n]}") for n in loaded
-        }
+        tables = {}
+        for n in loaded:
+            ratios, draft, used = measured_table(costs, SET_CONTEXT[n])
+            tables[n] = (ratios, draft, f"measured after {used} tokens ({result['primary']})")
     out: dict[str, Any] = {}
     for name, (meta, replies) in loaded.items():
         ratios, draft_ratios, label = tables[name]
         t0 = time.perf_counter()
-        rows = replay_set(meta, replies, ratios, draft_ratios, orders=args.orders)
+        try:
+            rows = replay_set(meta, replies, ratios, draft_ratios, orders=args.orders)
+        except (ValueError, ZeroDivisionError) as e:  # a table a noisy machine measured below 0 past its end
+            out[name] = {"table": label, "error": f"{type(e).__name__}: {e}", "ratios": ratios}
+            continue
         out[name] = {
             "table": label,
             "replies": len(replies),
@@ -198,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lossless-pairs", default="", help="tiny pairs to check (default: all six)")
     p.add_argument("--step-timeout", type=float, default=300.0, help="seconds for a backend's cost table")
     p.add_argument("--allow-cpu", action="store_true", help="run the GPU steps without a GPU (tests)")
+    p.add_argument(
+        "--deadline", type=float, default=0.0, help="seconds: start no step after this long (0: no limit)"
+    )
     args = p.parse_args(argv)
     steps = [s for s in args.steps.split(",") if s] or list(DRY_STEPS if args.dry_run else STEPS)
     if args.dry_run:
@@ -228,14 +239,19 @@ def main(argv: list[str] | None = None) -> int:
     write(args.out, result)
     for step in steps:
         t0 = time.perf_counter()
+        if args.deadline and t0 - t_start > args.deadline:
+            result.setdefault("skipped", []).append(step)
+            print(f"{step} skipped: past the deadline of {args.deadline:.0f} s", file=sys.stderr, flush=True)
+            continue
         try:
             if step == "models":
                 from bench.gpu_models import write_models
 
                 result["models"] = write_models(work, args.shapes)
             elif step == "costs":
-                result["costs"] = {n: run_costs(n, s, result["models"], args, work) for n, s in backends}
-                result["primary"] = backends[0][0]
+                name, site = backends[0]
+                result["costs"] = {name: run_costs(name, site, result["models"], args, work)}
+                result["primary"] = name
                 if "contexts" not in result["costs"][backends[0][0]]:
                     print(f"NOT MEASURED: {result['costs'][backends[0][0]].get('error')}", file=sys.stderr)
                     status = 3
@@ -261,6 +277,10 @@ def main(argv: list[str] | None = None) -> int:
                 result["lossless"] = run_lossless(work / "tiny", pairs=pairs, allow_cpu=args.allow_cpu)
                 if result["lossless"]["total"]["failures"] or result["lossless"]["errors"]:
                     status = status or 1
+            elif step == "backends":
+                for name, site in backends[1:]:
+                    result.setdefault("costs", {})[name] = run_costs(name, site, result["models"], args, work)
+                    write(args.out, result)
         except Exception as e:  # a step that fails is recorded, and the others still run
             result.setdefault("errors", {})[step] = f"{type(e).__name__}: {e}"
             print(f"{step} FAILED: {type(e).__name__}: {e}", file=sys.stderr, flush=True)

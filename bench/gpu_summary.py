@@ -54,6 +54,9 @@ def _engine_lines(e: dict[str, Any]) -> list[str]:
 def _replay_lines(replay: dict[str, Any]) -> list[str]:
     lines = []
     for name, r in replay.items():
+        if "error" in r:
+            lines.append(f"replay [{name}, table: {r['table']}]: FAILED: {r['error']}")
+            continue
         lines.append(
             f"replay [{name}, {r['replies']} replies, table: {r['table']}]: speedup over plain, all:"
         )
@@ -97,6 +100,8 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
                     f"  {name}: {pair['equal']}/{pair['runs']} equal, {pair['ties']} ties, "
                     f"{pair['failures']} failures, offloaded {pair['offloaded']}"
                 )
+    if result.get("skipped"):
+        lines.append(f"skipped (past the deadline): {', '.join(result['skipped'])}")
     for step, err in (result.get("errors") or {}).items():
         lines.append(f"{step}: FAILED: {err}")
     return lines

@@ -8,6 +8,10 @@
 #                                        backends never built here; built there by packaging/gpu-build.sh
 #   wheels/*.whl                         pure-Python packages Tandem's engine imports that the machine's
 #                                        image lacks (diskcache for llama_cpp, gguf for the model writers)
+#   vulkan-site.tar.xz, debs/*.deb       with TANDEM_GPU_CARRY_VULKAN_WHEEL=WHEEL (a Vulkan build made here,
+#                                        e.g. by install-dev.sh): its llama_cpp package, each library once
+#                                        (the wheel holds each six times: 77 MB), and the Vulkan loader's
+#                                        .deb (apt-get download libvulkan1) for a machine without one
 #
 #     bash packaging/gpu-carry.sh [SDIST.tar.gz]     # default: the sdist from pip's registry, kept in
 #                                                    # ~/.cache/tandem/sdist
@@ -60,6 +64,24 @@ if [[ "${TANDEM_GPU_CARRY_NO_WHEELS:-0}" != 1 ]]; then
   mkdir -p "$out/wheels"
   # pure Python: any platform's wheel is the one; versions as in Tandem's own environment here
   "$python" -m pip download -q --no-deps --only-binary :all: -d "$out/wheels" diskcache==5.6.3 gguf==0.19.0
+fi
+
+rm -rf "$out/vulkan-site.tar.xz" "$out/debs"
+if [[ -n "${TANDEM_GPU_CARRY_VULKAN_WHEEL:-}" ]]; then
+  vk=$work/vulkan-site
+  mkdir -p "$vk"
+  "$python" -m zipfile -e "$TANDEM_GPU_CARRY_VULKAN_WHEEL" "$vk"
+  rm -rf "$vk/lib" "$vk/bin" "$vk/include" "$vk"/*.dist-info "$vk/llama_cpp/server" "$vk"/llama_cpp/lib/libmtmd*
+  [[ -f "$vk/llama_cpp/lib/libggml-vulkan.so.0" ]] || { echo "$TANDEM_GPU_CARRY_VULKAN_WHEEL has no Vulkan backend" >&2; exit 1; }
+  # one file per library, under its soname; the other names link to it
+  for so in "$vk"/llama_cpp/lib/*.so.0; do
+    base=${so%.0}
+    rm -f "$base" "$base".0.*
+    ln -s "$(basename "$so")" "$base"
+  done
+  tar -cJf "$out/vulkan-site.tar.xz" -C "$vk" .
+  mkdir -p "$out/debs"
+  (cd "$out/debs" && apt-get download -q libvulkan1 >/dev/null) || echo "no Vulkan loader .deb (apt-get download libvulkan1 failed)" >&2
 fi
 
 total=$(du -sb "$out" | cut -f1)

@@ -250,3 +250,10 @@ def test_carry_script_strips_what_a_build_does_not_need(tmp_path: Path) -> None:
                  "vendor/llama.cpp/convert_hf_to_gguf.py"):  # fmt: skip
         assert gone not in names
     assert subprocess.run(["bash", "-n", str(REPO / "packaging/gpu-build.sh")]).returncode == 0
+    env |= {"GPU_RUN_DRY": "1", "OUT": str(tmp_path / "out")}
+    proc = subprocess.run(
+        ["bash", str(REPO / "packaging/gpu-run.sh"), "--reps", "5"], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "-m bench.gpu_check --out " + str(tmp_path / "out/gpu-check.json") in proc.stdout
+    assert "--backend cuda=/tmp/tandem-site --reps 5" in proc.stdout and "--deadline" in proc.stdout
