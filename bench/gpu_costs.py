@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
+BUFFER = re.compile(r"(\S+) model buffer size = +([\d.]+) MiB")
 EXIT_NOT_ON_GPU = 3
 
 
@@ -61,13 +62,26 @@ def offload_lines(lines: list[str]) -> list[tuple[int, int]]:
     return [(int(m.group(1)), int(m.group(2))) for line in lines for m in [OFFLOADED.search(line)] if m]
 
 
+def gpu_buffer_bytes(lines: list[str]) -> int:
+    """Bytes of model weights llama.cpp said it put in device buffers ("CUDA0", "Vulkan0"; not "CPU",
+    "CPU_Mapped" or pinned host memory such as "CUDA_Host")."""
+    return sum(
+        int(float(m.group(2)) * 2**20)
+        for line in lines
+        for m in [BUFFER.search(line)]
+        if m and not m.group(1).startswith("CPU") and not m.group(1).endswith("_Host")
+    )
+
+
 def check_on_gpu(name: str, lines: list[str], free_before: int, free_after: int, size: int) -> dict[str, Any]:
     """What llama.cpp said about the load of ``name`` and what the GPU's free memory did; raises
-    :class:`NotOnGPU` unless every layer went to the GPU and most of the file's bytes with them."""
+    :class:`NotOnGPU` unless every layer went to the GPU and most of the file's bytes with them (by
+    llama.cpp's buffer sizes, and by the device's free memory where it reports one)."""
     found = offload_lines(lines)
     report = {
         "offloaded": found[-1] if found else None,
         "gpu_bytes": free_before - free_after,
+        "gpu_buffers": gpu_buffer_bytes(lines),
         "file_bytes": size,
     }
     if not found:
@@ -75,6 +89,11 @@ def check_on_gpu(name: str, lines: list[str], free_before: int, free_after: int,
     done, total = found[-1]
     if done < total:
         raise NotOnGPU(f"{name}: only {done} of {total} layers offloaded to the GPU")
+    if report["gpu_buffers"] < 0.8 * size:
+        raise NotOnGPU(
+            f"{name}: llama.cpp put {report['gpu_buffers'] / 2**20:.0f} MiB of a {size / 2**20:.0f} MiB "
+            "model in GPU buffers"
+        )
     if free_before and free_before - free_after < 0.8 * size:
         raise NotOnGPU(
             f"{name}: the GPU's free memory fell by {(free_before - free_after) / 2**20:.0f} MiB for a "

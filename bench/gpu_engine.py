@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.gpu_costs import NotOnGPU, offload_lines
+from bench.gpu_costs import NotOnGPU, gpu_buffer_bytes, offload_lines
 
 
 def log_since(path: str | None, offset: int) -> tuple[list[str], int]:
@@ -31,12 +31,20 @@ def log_since(path: str | None, offset: int) -> tuple[list[str], int]:
     return data.decode("utf-8", errors="replace").splitlines(), offset + len(data)
 
 
-def check_engine_on_gpu(lines: list[str], loads: int, *, allow_cpu: bool) -> list[tuple[int, int]]:
+def check_engine_on_gpu(
+    lines: list[str], loads: int, *, allow_cpu: bool, file_bytes: int = 0
+) -> list[tuple[int, int]]:
     """llama.cpp's "offloaded N/M layers" lines of ``loads`` model loads in the engine's log; raises
-    :class:`NotOnGPU` unless there are that many and each offloaded every layer."""
+    :class:`NotOnGPU` unless there are that many, each offloaded every layer, and its GPU buffers hold
+    most of the ``file_bytes`` the models' files have together."""
     found = offload_lines(lines)
     if allow_cpu:
         return found
+    held = gpu_buffer_bytes(lines)
+    if held < 0.8 * file_bytes:
+        raise NotOnGPU(
+            f"the engine put {held / 2**20:.0f} MiB of {file_bytes / 2**20:.0f} MiB of models on the GPU"
+        )
     if len(found) < loads:
         raise NotOnGPU(
             f"the engine process logged {len(found)} GPU offloads for {loads} models (a CPU build?)"
@@ -124,7 +132,8 @@ def run_engine(
         client.load(settings)
         out["load_seconds"] = round(time.perf_counter() - t0, 2)
         lines, _ = log_since(client.log_path, 0)
-        out["offloaded"] = check_engine_on_gpu(lines, 2, allow_cpu=allow_cpu)
+        size = 2 * Path(target).stat().st_size
+        out["offloaded"] = check_engine_on_gpu(lines, 2, allow_cpu=allow_cpu, file_bytes=size)
         info = client.loaded_info
         out["backend"] = info.backend if info else None
         for _ in client.generate(prompt=prompt, settings=GenerationSettings(mode="plain", max_tokens=16)):

@@ -72,7 +72,8 @@ def check_pair(
         )
     )
     lines, _ = log_since(client.log_path, offset)
-    offloaded = check_engine_on_gpu(lines, 2, allow_cpu=allow_cpu)
+    size = target.stat().st_size + draft.stat().st_size
+    offloaded = check_engine_on_gpu(lines, 2, allow_cpu=allow_cpu, file_bytes=size)
     counts = {"runs": 0, "equal": 0, "ties": 0, "failures": 0, "drafted": 0, "accepted": 0}
     failures: list[dict[str, Any]] = []
     for text in prompts:

@@ -17,7 +17,7 @@ from gguf.quants import dequantize
 from app.tiny_arch import count_params, write_tiny_model
 from app.tiny_quants import SPREAD, Q, noisy_blocks, q4_k_m_type, random_blocks
 from bench import gpu_check
-from bench.gpu_costs import NotOnGPU, check_on_gpu, measure, offload_lines
+from bench.gpu_costs import NotOnGPU, check_on_gpu, gpu_buffer_bytes, measure, offload_lines
 from bench.gpu_engine import check_engine_on_gpu, predicted_round_ms, run_engine
 from bench.gpu_lossless import PROMPTS, run_lossless
 from bench.gpu_models import QWEN25_0_5B_SHAPE, QWEN25_7B_SHAPE, TINY_TARGET_SHAPE, write_models
@@ -153,17 +153,25 @@ def test_offload_checks_fail_loudly() -> None:
     lines = [
         "load_tensors: offloading 28 repeating layers to GPU",
         "load_tensors: offloaded 29/29 layers to GPU",
+        "load_tensors:   CPU_Mapped model buffer size =   292.36 MiB",
+        "load_tensors:        CUDA0 model buffer size =  4168.78 MiB",
+        "load_tensors:    CUDA_Host model buffer size =   100.00 MiB",
     ]
     assert offload_lines(lines) == [(29, 29)]
+    assert gpu_buffer_bytes(lines) == int(4168.78 * 2**20)
     assert check_on_gpu("t", lines, 10 << 30, 5 << 30, 4 << 30)["offloaded"] == (29, 29)
     with pytest.raises(NotOnGPU, match="only 20 of 29"):
         check_on_gpu("t", ["load_tensors: offloaded 20/29 layers to GPU"], 10 << 30, 5 << 30, 4 << 30)
     with pytest.raises(NotOnGPU, match="no 'offloaded"):
         check_on_gpu("t", ["load_tensors: CPU model buffer size"], 0, 0, 4 << 30)
+    with pytest.raises(NotOnGPU, match="in GPU buffers"):  # the line says all layers, the buffers do not
+        check_on_gpu("t", lines[:3], 0, 0, 4 << 30)
     with pytest.raises(NotOnGPU, match="not on the GPU"):
         check_on_gpu("t", lines, 10 << 30, 10 << 30, 4 << 30)  # nothing left the free memory
     with pytest.raises(NotOnGPU, match="1 GPU offloads for 2"):
-        check_engine_on_gpu(lines, 2, allow_cpu=False)
+        check_engine_on_gpu(lines, 2, allow_cpu=False, file_bytes=4 << 30)
+    with pytest.raises(NotOnGPU, match="4169 MiB of 8192 MiB"):
+        check_engine_on_gpu([*lines, lines[1]], 2, allow_cpu=False, file_bytes=8 << 30)
     assert check_engine_on_gpu([], 2, allow_cpu=True) == []
 
 
