@@ -208,9 +208,10 @@ def test_requests_tandem_cannot_honour_are_400_with_the_field(srv) -> None:
     msgs = [{"role": "user", "content": "hi"}]
     cases = [
         ({"n": 2}, "n"),
-        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+        ({"functions": [{"name": "f", "parameters": {}}]}, "functions"),  # tools: test_server_tools.py
+        ({"tools": [{"type": "custom", "custom": {"name": "f"}}]}, "tools[0].type"),
         ({"logprobs": True}, "logprobs"),
-        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
+        ({"response_format": {"type": "regex", "regex": "x"}}, "response_format"),
         ({"temperature": 5}, "temperature"),
     ]
     for extra, param in cases:

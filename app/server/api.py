@@ -1,17 +1,16 @@
-"""The HTTP API: ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions`` (each streamed or not)
-and ``/health``, with OpenAI's error bodies, an API key, a Host check and optional CORS; every request
-bounded (:mod:`app.server.limits`) before the engine sees it, and the engine watched
-(:mod:`app.server.health`)."""
+"""The HTTP API: ``/v1/models``, ``/v1/chat/completions`` (with tool calls), ``/v1/completions`` (each
+streamed or not), Anthropic's ``/v1/messages`` (:mod:`app.server.anthropic_api`), OpenAI's
+``/v1/responses`` (:mod:`app.server.responses_api`) and ``/health``, with OpenAI's error bodies (and
+Anthropic's on its route), an API key, a Host check and optional CORS; every request bounded
+(:mod:`app.server.limits`) before the engine sees it, and the engine watched (:mod:`app.server.health`)."""
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import json
 import logging
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
-from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -22,41 +21,20 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.engine import (
-    EngineCrashedError,
-    EngineError,
-    Finished,
-    GenerationSettings,
-    PromptTooLongError,
-    QueueFull,
-    SamplingError,
-    Step,
-)
+from app.engine import Finished, Step
+from app.server import anthropic_api, responses_api
 from app.server import responses as R
-from app.server.errors import ApiError, unavailable
+from app.server.errors import ApiError
 from app.server.health import Watchdog, health_response
-from app.server.limits import (
-    BodyLimit,
-    Limits,
-    check_chars,
-    check_messages,
-    check_stop,
-    check_token_ids,
-)
+from app.server.limits import BodyLimit, Limits, check_chars, check_messages, check_token_ids
 from app.server.parsing import parse, validation_error
-from app.server.schemas import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    Sampling,
-    message_text,
-    stop_strings,
-    unsupported,
-)
-from app.server.served import Generation, Served, Stalled, Unavailable
+from app.server.replies import Ask, check_model, collect, engine_error, first_event, start
+from app.server.schemas import ChatCompletionRequest, CompletionRequest, Sampling, unsupported
+from app.server.served import Generation, Served
+from app.server.toolcalls import CallParser, ParsedCall
+from app.server.tools import Tools, call_id, chat_messages, chat_tools, one_constraint, response_format
 
 log = logging.getLogger("tandem.server")
-
-POLL_DISCONNECT = 0.1  # seconds between checks that a waiting client is still there
 
 
 def create_app(
@@ -94,33 +72,41 @@ def create_app(
             CORSMiddleware,
             allow_origins=origins,
             allow_methods=["GET", "POST", "OPTIONS"],
-            allow_headers=["Authorization", "Content-Type"],
+            allow_headers=[
+                "Authorization",
+                "Content-Type",
+                "X-Api-Key",
+                "Anthropic-Version",
+                "Anthropic-Beta",
+            ],
         )
     app.add_middleware(BodyLimit, limits=limits)
     app.add_middleware(_Guard, api_key=api_key, allowed_hosts=allowed_hosts)
 
     @app.exception_handler(ApiError)
-    async def _api_error(_: Request, e: ApiError) -> JSONResponse:
-        return e.response()
+    async def _api_error(request: Request, e: ApiError) -> JSONResponse:
+        return _answer(request.url.path, e)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, e: RequestValidationError) -> JSONResponse:
-        return validation_error(e.errors()).response()
+    async def _invalid(request: Request, e: RequestValidationError) -> JSONResponse:
+        return _answer(request.url.path, validation_error(e.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        path = request.url.path
         if e.status_code == 404:
-            return ApiError(404, f"no route {request.url.path}", code="unknown_url").response()
+            return _answer(path, ApiError(404, f"no route {path}", code="unknown_url"))
         if e.status_code == 405:
-            return ApiError(405, f"{request.method} is not allowed on {request.url.path}").response()
+            return _answer(path, ApiError(405, f"{request.method} is not allowed on {path}"))
         if e.status_code == 400:  # FastAPI could not parse the body (nested too deep, not UTF-8, ...)
-            return ApiError(400, "the request body is not valid JSON").response()
-        return ApiError(e.status_code, str(e.detail)).response()
+            return _answer(path, ApiError(400, "the request body is not valid JSON"))
+        return _answer(path, ApiError(e.status_code, str(e.detail)))
 
     @app.exception_handler(Exception)
-    async def _bug(_: Request, e: Exception) -> JSONResponse:  # still OpenAI's body, and logged
+    async def _bug(request: Request, e: Exception) -> JSONResponse:  # still an API's body, and logged
         log.error("request failed: %s: %s", type(e).__name__, e)
-        return ApiError(500, f"internal error: {type(e).__name__}", "server_error").response()
+        err = ApiError(500, f"internal error: {type(e).__name__}", "server_error")
+        return _answer(request.url.path, err)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -138,14 +124,17 @@ def create_app(
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(request: Request) -> Any:
         req = await parse(request, ChatCompletionRequest, limits)
-        if any(m.role == "tool" for m in req.messages):
-            raise ApiError(400, "tool messages are not supported", param="messages")
-        messages = [{"role": _role(m.role), "content": message_text(m)} for m in req.messages]
-        chars = sum(len(m["content"]) for m in messages)
-        check_messages(len(messages), chars, limits, served.n_ctx)
-        max_tokens = req.max_completion_tokens or req.max_tokens
-        gen = _generation(served, limits, req, max_tokens, messages=messages)
-        return await _respond(served, gen, request, req, chat=True)
+        messages, chars = chat_messages(req)
+        tools = chat_tools(req)
+        check_messages(len(messages), chars + tools.chars(), limits, served.n_ctx)
+        check_model(served, req.model)
+        _supported(req)
+        constraint = one_constraint(
+            tools.constraint(), response_format(req.response_format), param="response_format"
+        )
+        ask = Ask.of(req, req.max_completion_tokens or req.max_tokens, constraint)
+        gen = start(served, limits, ask, messages=tools.messages(messages))
+        return await _respond(served, gen, request, req, chat=True, tools=tools)
 
     @app.post("/v1/completions", response_model=None)
     async def complete(request: Request) -> Any:
@@ -159,153 +148,61 @@ def create_app(
             check_chars(len(prompt), limits, served.n_ctx, "prompt")
         else:
             check_token_ids(prompt, served.n_ctx, served.n_vocab)
-        gen = _generation(served, limits, req, req.max_tokens, prompt=prompt)
+        check_model(served, req.model)
+        _supported(req)
+        gen = start(served, limits, Ask.of(req, req.max_tokens), prompt=prompt)
         return await _respond(served, gen, request, req, chat=False)
 
+    anthropic_api.add_routes(app, served, limits)
+    responses_api.add_routes(app, served, limits)
     return app
 
 
-def _role(role: str) -> str:
-    return "system" if role == "developer" else role
-
-
-def _generation(
-    served: Served,
-    limits: Limits,
-    req: Sampling,
-    max_tokens: int | None,
-    *,
-    messages: list[dict[str, str]] | None = None,
-    prompt: str | list[int] | None = None,
-) -> Generation:
-    """Check the request, build its settings and take a place in the queue (429 when it is full)."""
-    if not served.knows(req.model):
-        raise ApiError(404, f"the model {req.model!r} does not exist", param="model", code="model_not_found")
+def _supported(req: Sampling) -> None:
     bad = unsupported(req)
     if bad is not None:
         raise ApiError(400, bad[1], param=bad[0], code="unsupported_parameter")
-    stop = stop_strings(req.stop)
-    check_stop(stop, limits)
-    problem = served.unavailable()
-    if problem is not None:
-        raise unavailable(str(problem), problem.retry_after)
-    d = served.defaults
-    try:
-        settings = GenerationSettings.from_options(
-            served.mode,
-            temperature=d.temperature if req.temperature is None else req.temperature,
-            top_k=d.top_k if req.top_k is None else req.top_k,
-            top_p=d.top_p if req.top_p is None else req.top_p,
-            min_p=d.min_p if req.min_p is None else req.min_p,
-            repeat_penalty=1.0 if req.repeat_penalty is None else req.repeat_penalty,
-            presence_penalty=req.presence_penalty or 0.0,
-            frequency_penalty=req.frequency_penalty or 0.0,
-            seed=req.seed,
-            max_tokens=min(max_tokens or served.n_ctx, served.n_ctx),
-            stop=stop,
-        )
-        if served.history:
-            settings = replace(settings, history_doc=R.new_id("api"))
-    except (EngineError, SamplingError) as e:
-        raise ApiError(400, str(e)) from None
-    try:
-        ticket = served.turns.enter()
-    except QueueFull as e:
-        retry = max(1, e.waiting)
-        raise ApiError(
-            429,
-            f"{e}; try again later",
-            "rate_limit_error",
-            code="queue_full",
-            headers={"Retry-After": str(retry)},
-        ) from None
-    return Generation(served, ticket, settings, messages=messages, prompt=prompt).start()
 
 
-async def _first(gen: Generation, request: Request) -> tuple[AsyncIterator[Any], Any]:
-    """Wait for the reply's first event while watching that the client is still there."""
-    events = gen.events()
-    nxt = asyncio.ensure_future(anext(events, None))
-    try:
-        while True:
-            done, _ = await asyncio.wait({nxt}, timeout=POLL_DISCONNECT)
-            if done:
-                return events, nxt.result()
-            if await request.is_disconnected():
-                gen.cancel()
-    except BaseException:
-        gen.cancel()
-        raise
+def _answer(path: str, e: ApiError) -> JSONResponse:
+    """The error in the body its route's clients read: Anthropic's on ``/v1/messages``, else OpenAI's."""
+    return anthropic_api.error_response(e) if anthropic_api.is_route(path) else e.response()
 
 
-def _engine_error(e: BaseException, chat: bool) -> ApiError:
-    if isinstance(e, Unavailable):
-        return unavailable(str(e), e.retry_after)
-    if isinstance(e, Stalled):
-        return ApiError(500, f"{e}; the engine is restarting", "server_error", code="engine_stalled")
-    if isinstance(e, PromptTooLongError):
-        return ApiError(400, str(e), param="messages" if chat else "prompt", code="context_length_exceeded")
-    if isinstance(e, (EngineError, SamplingError, ValueError)):
-        return ApiError(400, str(e))
-    if isinstance(e, EngineCrashedError):
-        return ApiError(500, f"{e.what}; the engine is restarting", "server_error", code="engine_crashed")
-    log.error("request failed: %s: %s", type(e).__name__, e)
-    return ApiError(500, f"{type(e).__name__}: {e}", "server_error")
-
-
-async def _respond(served: Served, gen: Generation, request: Request, req: Sampling, *, chat: bool) -> Any:
+async def _respond(
+    served: Served,
+    gen: Generation,
+    request: Request,
+    req: Sampling,
+    *,
+    chat: bool,
+    tools: Tools | None = None,
+) -> Any:
     rid = R.new_id("chatcmpl" if chat else "cmpl")
     model = served.model_id
-    try:
-        events, first = await _first(gen, request)
-    except (Exception, asyncio.CancelledError) as e:
-        if isinstance(e, asyncio.CancelledError):
-            raise
-        raise _engine_error(e, chat) from None
-    if first is None:  # cancelled before it began
-        raise ApiError(499, "the client went away", code="client_closed_request")
+    param = "messages" if chat else "prompt"
+    events, first = await first_event(gen, request, param)
+    parser = tools.parser() if tools is not None else None
     if not req.stream:
-        return await _collect(gen, request, events, first, rid, model, chat)
+        fin = await collect(gen, request, events, first, param)
+        if not chat:
+            return JSONResponse(R.completion(rid, model, fin))
+        if parser is None:
+            return JSONResponse(R.chat_completion(rid, model, fin))
+        pieces = parser.feed(fin.text) + parser.finish()
+        text = "".join(p for p in pieces if isinstance(p, str))
+        calls = [_call(p) for p in pieces if isinstance(p, ParsedCall)]
+        return JSONResponse(R.chat_completion(rid, model, fin, text, calls))
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return EventSourceResponse(
-        _stream(gen, events, first, rid, model, chat, include_usage),
+        _stream(gen, events, first, rid, model, chat, include_usage, parser),
         ping=15,
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
 
 
-async def _collect(
-    gen: Generation,
-    request: Request,
-    events: AsyncIterator[Any],
-    first: Any,
-    rid: str,
-    model: str,
-    chat: bool,
-) -> JSONResponse:
-    """A whole reply (cancelled if the client goes away while it is generated)."""
-    fin: Finished | None = first if isinstance(first, Finished) else None
-
-    async def watch() -> None:
-        while True:
-            await asyncio.sleep(POLL_DISCONNECT * 2)
-            if await request.is_disconnected():
-                gen.cancel()
-                return
-
-    watcher = asyncio.ensure_future(watch())
-    try:
-        async for ev in events:
-            if isinstance(ev, Finished):
-                fin = ev
-    except Exception as e:
-        raise _engine_error(e, chat) from None
-    finally:
-        watcher.cancel()
-    if fin is None:
-        raise ApiError(500, "the reply ended without finishing", "server_error")
-    body = R.chat_completion(rid, model, fin) if chat else R.completion(rid, model, fin)
-    return JSONResponse(body)
+def _call(call: ParsedCall) -> dict[str, Any]:
+    return {"id": call_id(), "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
 
 
 async def _stream(
@@ -316,9 +213,12 @@ async def _stream(
     model: str,
     chat: bool,
     include_usage: bool,
+    parser: CallParser | None = None,
 ) -> AsyncIterator[str]:
-    """Server-sent events: one chunk per round's text, the finish reason, the usage, ``[DONE]``."""
+    """Server-sent events: one chunk per round's text (and per tool call, as OpenAI streams them), the
+    finish reason, the usage, ``[DONE]``."""
     created = R.now()
+    n_calls = 0
 
     def chunk(text: str | None = None, finish: str | None = None, role: bool = False) -> str:
         if chat:
@@ -327,6 +227,18 @@ async def _stream(
                 delta["content"] = text
             return json.dumps(R.chat_chunk(rid, model, delta, finish, created), ensure_ascii=False)
         return json.dumps(R.completion_chunk(rid, model, text or "", finish, created), ensure_ascii=False)
+
+    def pieces(items: list[str | ParsedCall]) -> list[str]:
+        nonlocal n_calls
+        out = []
+        for p in items:
+            if isinstance(p, str):
+                out.append(chunk(p))
+                continue
+            call = {"index": n_calls, **_call(p)}
+            n_calls += 1
+            out.append(json.dumps(R.chat_chunk(rid, model, {"tool_calls": [call]}, None, created)))
+        return out
 
     try:
         if chat:
@@ -341,17 +253,20 @@ async def _stream(
                 if ev is None:
                     break
             if isinstance(ev, Step) and ev.text:
-                yield chunk(ev.text)
+                for out in pieces(parser.feed(ev.text)) if parser is not None else [chunk(ev.text)]:
+                    yield out
             elif isinstance(ev, Finished):
                 fin = ev
         if fin is not None:
-            yield chunk(finish=R.FINISH_REASONS.get(fin.reason, "stop"))
+            for out in pieces(parser.finish()) if parser is not None else []:
+                yield out
+            yield chunk(finish="tool_calls" if n_calls else R.FINISH_REASONS.get(fin.reason, "stop"))
             if include_usage:
                 obj = "chat.completion.chunk" if chat else "text_completion"
                 yield json.dumps(R.usage_chunk(rid, model, obj, fin, created))
         yield "[DONE]"
     except Exception as e:  # the headers are sent: the error travels as an event, as OpenAI's does
-        err = _engine_error(e, chat)
+        err = engine_error(e, "messages" if chat else "prompt")
         yield json.dumps(R.error_body(err.message, err.kind, err.param, err.code))
         yield "[DONE]"
     finally:
@@ -374,18 +289,21 @@ class _Guard:
         host = headers.get("host", "").lower()
         if self.allowed is not None and host not in self.allowed:
             err = ApiError(403, f"the Host header {host!r} is not served here", code="invalid_host")
-            await err.response()(scope, receive, send)
+            await _answer(scope.get("path", ""), err)(scope, receive, send)
             return
         path = scope.get("path", "")
         if self.api_key and path.startswith("/v1") and scope.get("method") != "OPTIONS":
             given = headers.get("authorization", "")
             token = given[7:].strip() if given.lower().startswith("bearer ") else ""
+            token = token or headers.get("x-api-key", "").strip()  # Anthropic's clients send this
             if not hmac.compare_digest(token.encode(), self.api_key.encode()):
                 what = (
-                    "Incorrect API key provided" if token else "Missing API key (Authorization: Bearer ...)"
+                    "Incorrect API key provided"
+                    if token
+                    else "Missing API key (Authorization: Bearer ... or X-Api-Key: ...)"
                 )
                 err = ApiError(401, what, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-                await err.response()(scope, receive, send)
+                await _answer(path, err)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 

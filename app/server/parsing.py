@@ -9,20 +9,22 @@ import json
 from typing import Any, TypeVar
 
 from fastapi import Request
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from app.server.errors import ApiError
 from app.server.limits import Limits, check_messages
-from app.server.schemas import ChatCompletionRequest, CompletionRequest
 
-RequestModel = TypeVar("RequestModel", ChatCompletionRequest, CompletionRequest)
+RequestModel = TypeVar("RequestModel", bound=BaseModel)
 
 BIG_BODY = 256 * 1024  # bytes beyond which a body is parsed on a thread, not the event loop's
 
 
-async def parse(request: Request, model: type[RequestModel], limits: Limits) -> RequestModel:
-    """The request's body as ``model``: JSON, an object, no more messages than the limit (counted
-    before the rest is validated), then the fields; each failure a 400 naming it. The body must say it
+async def parse(
+    request: Request, model: type[RequestModel], limits: Limits, items: str = "messages"
+) -> RequestModel:
+    """The request's body as ``model``: JSON, an object, no more messages than the limit (the list
+    ``items``: ``messages``, or the Responses API's ``input``; counted before the rest is validated),
+    then the fields; each failure a 400 naming it. The body must say it
     is JSON: a web page can send another type (``text/plain``) or none without the browser asking
     this server first (CORS), so those are refused unread."""
     media = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -34,11 +36,11 @@ async def parse(request: Request, model: type[RequestModel], limits: Limits) -> 
         )
     body = await request.body()
     if len(body) > BIG_BODY:
-        return await asyncio.to_thread(_validate, body, model, limits)
-    return _validate(body, model, limits)
+        return await asyncio.to_thread(_validate, body, model, limits, items)
+    return _validate(body, model, limits, items)
 
 
-def _validate(body: bytes, model: type[RequestModel], limits: Limits) -> RequestModel:
+def _validate(body: bytes, model: type[RequestModel], limits: Limits, items: str) -> RequestModel:
     try:
         data = json.loads(body)
     except json.JSONDecodeError as e:
@@ -47,9 +49,13 @@ def _validate(body: bytes, model: type[RequestModel], limits: Limits) -> Request
         raise ApiError(400, "the request body is not valid JSON") from None
     if not isinstance(data, dict):
         raise ApiError(400, "the request body must be a JSON object with the request's fields")
-    messages = data.get("messages")
+    messages = data.get(items)
     if isinstance(messages, list) and len(messages) > limits.max_messages:
-        check_messages(len(messages), 0, limits, 1)
+        try:
+            check_messages(len(messages), 0, limits, 1)
+        except ApiError as e:
+            e.param = items
+            raise
     try:
         return model.model_validate(data)
     except ValidationError as e:

@@ -1,4 +1,6 @@
-"""Response bodies as OpenAI's API shapes them, with the ``timings`` object llama.cpp's server adds."""
+"""Response bodies as OpenAI's API shapes them, with the ``timings`` object llama.cpp's server adds
+(Anthropic's and the Responses API's are in :mod:`app.server.anthropic_api` and
+:mod:`app.server.responses_api`)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import Any
 from app.engine import Finished, Stats
 
 FINISH_REASONS = {"eog": "stop", "stop": "stop", "cancelled": "stop", "length": "length", "context": "length"}
+CUT_SHORT = frozenset({"length", "context"})  # the reply ran out of tokens (its budget or the context)
 
 
 def new_id(prefix: str) -> str:
@@ -53,7 +56,21 @@ def timings(stats: Stats) -> dict[str, float | int | str]:
     } | ({"drafting_off": DRAFTING_OFF[stats.drafting_off.value]} if stats.drafting_off else {})
 
 
-def chat_completion(rid: str, model: str, fin: Finished) -> dict[str, Any]:
+def chat_completion(
+    rid: str,
+    model: str,
+    fin: Finished,
+    text: str | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """A chat reply: ``fin``'s text, or ``text`` and ``tool_calls`` where the reply was read for calls
+    (content null when the reply is calls only, finish reason ``tool_calls``)."""
+    message: dict[str, Any] = {"role": "assistant", "content": fin.text if text is None else text}
+    finish = FINISH_REASONS.get(fin.reason, "stop")
+    if tool_calls:
+        message["content"] = message["content"] or None
+        message["tool_calls"] = tool_calls
+        finish = "tool_calls"
     return {
         "id": rid,
         "object": "chat.completion",
@@ -62,9 +79,9 @@ def chat_completion(rid: str, model: str, fin: Finished) -> dict[str, Any]:
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": fin.text},
+                "message": message,
                 "logprobs": None,
-                "finish_reason": FINISH_REASONS.get(fin.reason, "stop"),
+                "finish_reason": finish,
             }
         ],
         "usage": usage(fin.stats),

@@ -20,7 +20,14 @@ from pydantic import (
     field_validator,
 )
 
+try:  # structured output (grammar-constrained sampling), where the engine has it
+    from app.engine import Constraint
+except ImportError:  # pragma: no cover - an engine without it
+    Constraint = None  # type: ignore[assignment,misc]
+
 TOKEN_ID_LIMIT = 2**31  # llama.cpp's token ids are int32
+#: the engine constrains sampling (response_format json_object/json_schema, tool_choice required/named)
+CONSTRAINED = Constraint is not None
 
 
 def _utf8(s: str) -> str:
@@ -52,11 +59,53 @@ class ContentPart(BaseModel):
     text: Text | None = None
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: Text
+    arguments: Text = ""  # JSON text of an object, as the model wrote it
+
+
+class ToolCallIn(BaseModel):
+    """A call an earlier assistant message made, as the client sends it back."""
+
+    model_config = ConfigDict(extra="ignore")
+    id: Text | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | list[ContentPart] | None = None
     name: Text | None = None
+    tool_calls: list[ToolCallIn] | None = None  # assistant
+    tool_call_id: Text | None = None  # tool
+
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: Annotated[str, Strict(), Field(min_length=1, max_length=256), AfterValidator(_utf8)]
+    description: Text | None = None
+    parameters: dict[str, Any] | None = None
+    strict: Bool | None = None
+
+
+class ToolDef(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: Text
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class Sampling(BaseModel):
@@ -84,8 +133,9 @@ class Sampling(BaseModel):
 class ChatCompletionRequest(Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Count | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: Bool | None = None
     functions: list[Any] | None = None
     function_call: Any = None
     response_format: dict[str, Any] | None = None
@@ -123,12 +173,15 @@ def unsupported(req: Sampling) -> tuple[str, str] | None:
     if req.logprobs:
         return "logprobs", "log probabilities are not supported"
     if isinstance(req, ChatCompletionRequest):
-        if req.tools or req.functions:
-            return ("tools" if req.tools else "functions"), "tool and function calling are not supported"
-        if req.tool_choice not in (None, "none") or req.function_call not in (None, "none"):
-            return "tool_choice", "tool and function calling are not supported"
+        if req.functions or req.function_call not in (None, "none"):
+            what = "functions" if req.functions else "function_call"
+            return what, "the deprecated functions and function_call are not supported: use tools"
+        if req.tool_choice not in (None, "none", "auto") and not req.tools:
+            return "tool_choice", "tool_choice needs tools"
+        if req.tool_choice not in (None, "none", "auto") and not CONSTRAINED:
+            return "tool_choice", "tool_choice 'required' or a named function is not supported"
         fmt = (req.response_format or {}).get("type", "text")
-        if fmt != "text":
+        if fmt != "text" and (fmt not in ("json_object", "json_schema") or not CONSTRAINED):
             return "response_format", f"response_format {fmt!r} is not supported (only 'text')"
         for i, m in enumerate(req.messages):
             if isinstance(m.content, list) and any(p.type != "text" for p in m.content):
