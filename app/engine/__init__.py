@@ -6,6 +6,7 @@ load llama.cpp (that happens in the engine process).
 """
 
 from app.engine.errors import (
+    ConstraintError,
     ContextFullError,
     EngineError,
     IncompatibleDraftError,
@@ -19,12 +20,14 @@ from app.engine.process.client import EngineClient, GenerationStream
 from app.engine.process.errors import EngineCrashedError, RemoteError
 from app.engine.process.turns import QueueFull, Ticket, TurnQueue
 from app.engine.sampling import SamplingError, SamplingParams
-from app.engine.settings import MODES, GenerationSettings, LoadSettings, parse_gpu_layers
+from app.engine.settings import MODES, Constraint, GenerationSettings, LoadSettings, parse_gpu_layers
 from app.gguf.arch import MemoryKind, Rollback
 
 __all__ = [
     "MODES",
     "Action",
+    "Constraint",
+    "ConstraintError",
     "ContextFullError",
     "Decision",
     "Declined",

@@ -18,6 +18,7 @@ from app.engine.chat import ChatTemplate, Message
 from app.engine.drafting import Drafter, LookupDrafter, ModelDrafter
 from app.engine.errors import EngineError, IncompatibleDraftError
 from app.engine.events import Finished, Started, Step
+from app.engine.grammar import Grammar, Vocabulary, compile_constraint
 from app.engine.info import EngineInfo, HistoryInfo, ModelInfo
 from app.engine.llama import (
     Context,
@@ -358,6 +359,7 @@ class Engine:
         """Stream a reply to ``prompt`` (token ids). One generation at a time per engine."""
         gs = settings or GenerationSettings()
         drafter = self._drafter(gs)
+        grammar = self._grammar(gs)
         is_cancelled = cancel.is_set if isinstance(cancel, threading.Event) else cancel
         if not self._lock.acquire(blocking=False):
             raise EngineError("a generation is already running on this engine")
@@ -377,6 +379,7 @@ class Engine:
                 stop=gs.stop,
                 cancel=is_cancelled,
                 mode=gs.mode,
+                grammar=grammar,
             ):
                 if isinstance(event, Finished) and keeper is not None:
                     keeper.drafter.learn([*prompt, *event.tokens])
@@ -384,6 +387,18 @@ class Engine:
                 yield event
         finally:
             self._lock.release()
+
+    def _grammar(self, gs: GenerationSettings) -> Grammar | None:
+        """A fresh grammar state for the request's constraint (the target's vocabulary for the grammar
+        engine is read on the first one: about 1 s for 152k tokens)."""
+        if gs.constraint is None:
+            return None
+        vocab: Vocabulary | None = getattr(self, "_grammar_vocab", None)
+        if vocab is None:
+            from app.engine.grammar_llama import vocabulary
+
+            vocab = self._grammar_vocab = vocabulary(self.target)
+        return Grammar(vocab, compile_constraint(gs.constraint))
 
     def top2_gap(self, context: Sequence[int]) -> float:
         """The target's best minus second-best logit after ``context``, evaluated from scratch.

@@ -23,6 +23,11 @@ class EngineError(ValueError):
     """Bad settings or a request the loaded models cannot serve."""
 
 
+class ConstraintError(EngineError):
+    """A structured-output constraint (JSON schema, GBNF grammar) that cannot be used; the message is
+    one line, fit for an API's 400."""
+
+
 class IncompatibleDraftError(EngineError):
     """The draft model's vocabulary does not match the target's."""
 

@@ -3,6 +3,8 @@
 Pure numpy. The *same* transform is applied to the target's and the draft's logits, so speculative
 sampling reproduces exactly the distribution plain sampling would use. The order of the transforms
 follows llama.cpp's default sampler chain: repetition penalty, top-k, top-p, min-p, then temperature.
+A grammar (structured output, :class:`Allowed`) removes the tokens it forbids before all of them, as
+llama.cpp's grammar sampler does when it comes first: top-k and the others see the allowed tokens only.
 """
 
 from __future__ import annotations
@@ -11,12 +13,40 @@ import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 
 class SamplingError(ValueError):
     """Invalid sampling settings."""
+
+
+class Allowed(Protocol):
+    """Which tokens may come next (a grammar's state: :class:`app.engine.grammar.Grammar`)."""
+
+    def allows(self, token: int) -> bool:
+        """Whether one token may come next (cheap: no mask)."""
+        ...
+
+    def mask(self) -> np.ndarray:
+        """Bool per token of the vocabulary (may be shorter than the logits: the rest is forbidden)."""
+        ...
+
+
+def _fit(mask: np.ndarray, n: int) -> np.ndarray:
+    """``mask`` over ``n`` tokens (a draft's vocabulary may be longer: its extra tokens are forbidden)."""
+    if mask.shape[0] == n:
+        return mask
+    out = np.zeros(n, dtype=bool)
+    m = min(n, mask.shape[0])
+    out[:m] = mask[:m]
+    return out
+
+
+def masked(logits: np.ndarray, allowed: Allowed) -> np.ndarray:
+    """A copy of ``logits`` with the forbidden tokens at -inf."""
+    return np.where(_fit(allowed.mask(), logits.shape[0]), logits, np.float32(-np.inf))
 
 
 @dataclass(frozen=True)
@@ -85,9 +115,17 @@ def penalized(logits: np.ndarray, history: Sequence[int], params: SamplingParams
     return out
 
 
-def greedy_token(logits: np.ndarray, history: Sequence[int], params: SamplingParams) -> int:
-    """The argmax token after the repetition penalty (ties go to the lowest id, as in llama.cpp)."""
-    return int(np.argmax(penalized(logits, history, params)))
+def greedy_token(
+    logits: np.ndarray, history: Sequence[int], params: SamplingParams, allowed: Allowed | None = None
+) -> int:
+    """The argmax token after the repetition penalty (ties go to the lowest id, as in llama.cpp); with
+    ``allowed``, the argmax among the allowed tokens (the mask is computed only when the argmax is
+    forbidden: the lowest-id argmax, if allowed, is also the lowest-id argmax among the allowed)."""
+    x = penalized(logits, history, params)
+    t = int(np.argmax(x))
+    if allowed is None or allowed.allows(t):
+        return t
+    return int(np.argmax(masked(x, allowed)))
 
 
 _scratch = threading.local()
@@ -128,18 +166,23 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum()
 
 
-def distribution(logits: np.ndarray, history: Sequence[int], params: SamplingParams) -> np.ndarray:
-    """The dense probability vector (float64, sums to 1) that sampling draws the next token from.
+def distribution(
+    logits: np.ndarray, history: Sequence[int], params: SamplingParams, allowed: Allowed | None = None
+) -> np.ndarray:
+    """The dense probability vector (float64, sums to 1) that sampling draws the next token from;
+    with ``allowed``, over the allowed tokens only (renormalised).
 
     Greedy settings give a one-hot vector at the argmax, so the accept/resample rule below also
     covers greedy verification.
     """
-    x = penalized(logits, history, params).astype(np.float64)
-    n = x.shape[0]
+    n = logits.shape[0]
     if params.greedy:
         out = np.zeros(n)
-        out[int(np.argmax(x))] = 1.0
+        out[greedy_token(logits, history, params, allowed)] = 1.0
         return out
+    x = penalized(logits, history, params).astype(np.float64)
+    if allowed is not None:
+        x[~_fit(allowed.mask(), n)] = -np.inf
     keep = np.arange(n)
     if 0 < params.top_k < n:
         keep = np.argpartition(-x, params.top_k - 1)[: params.top_k]

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from app.engine.errors import EngineError
+from app.engine.errors import ConstraintError, EngineError
 from app.engine.sampling import SamplingParams
 
 MODES = ("auto", "speculative", "plain", "lookup")
+CONSTRAINT_KINDS = ("json_object", "json_schema", "gbnf")
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,39 @@ def parse_gpu_layers(text: str) -> int | None:
 
 
 @dataclass(frozen=True)
+class Constraint:
+    """Structured output: the reply must follow a grammar, in every mode and losslessly.
+
+    ``kind``: "json_object" (any JSON object), "json_schema" (``schema``: a JSON schema as JSON text)
+    or "gbnf" (``gbnf``: a grammar in llama.cpp's GBNF). ``strict`` (json_schema): every keyword of the
+    schema must be enforceable, else :class:`ConstraintError`; without it, keywords the grammar engine
+    does not implement are ignored (the reply still follows the rest of the schema). Building one
+    checks the schema or grammar (:class:`ConstraintError`, one line: fit for an API's 400).
+    """
+
+    kind: str
+    schema: str | None = None
+    gbnf: str | None = None
+    strict: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in CONSTRAINT_KINDS:
+            raise ConstraintError(
+                f"unknown constraint kind {self.kind!r}: choose one of {', '.join(CONSTRAINT_KINDS)}"
+            )
+        wants = {"json_object": None, "json_schema": "schema", "gbnf": "gbnf"}[self.kind]
+        for name in ("schema", "gbnf"):
+            value = getattr(self, name)
+            if name == wants and not (isinstance(value, str) and value.strip()):
+                raise ConstraintError(f"a {self.kind} constraint needs its {name} (text)")
+            if name != wants and value is not None:
+                raise ConstraintError(f"a {self.kind} constraint takes no {name}")
+        from app.engine.grammar import compile_constraint  # the grammar engine checks it
+
+        compile_constraint(self)
+
+
+@dataclass(frozen=True)
 class GenerationSettings:
     """How to generate one reply."""
 
@@ -76,6 +110,8 @@ class GenerationSettings:
     stop: tuple[str, ...] = ()
     # the conversation (or API request) this reply belongs to, for the drafting history (None: not kept)
     history_doc: str | None = None
+    # structured output: the reply follows this grammar (None: free text)
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -90,6 +126,8 @@ class GenerationSettings:
             raise EngineError(f"max_tokens must be at least 1, not {self.max_tokens}")
         if any(not s for s in self.stop):
             raise EngineError("stop strings must not be empty")
+        if self.constraint is not None and not isinstance(self.constraint, Constraint):
+            raise EngineError(f"constraint must be a Constraint, not {type(self.constraint).__name__}")
 
     @classmethod
     def from_options(
@@ -110,6 +148,7 @@ class GenerationSettings:
         p_min: float = 0.0,
         adaptive: bool = True,
         stop: tuple[str, ...] = (),
+        constraint: Constraint | None = None,
     ) -> GenerationSettings:
         """Settings from flat options, as the CLI, the app and the server take them (``n_min`` is
         clamped to ``n_max``; a negative ``seed`` means a random one)."""
@@ -131,4 +170,5 @@ class GenerationSettings:
             p_min=p_min,
             adaptive=adaptive,
             stop=tuple(stop),
+            constraint=constraint,
         )

@@ -5,6 +5,10 @@ Invariant between rounds: the target's KV cache holds ``tokens[:-1]``; the last 
 position, accepts a prefix of the draft, appends the target's own token at the first mismatch (or a
 bonus token when all were accepted), and trims the rejected positions from the cache. With no draft
 (k = 0) the same round is plain decoding, so plain and speculative modes share one code path.
+
+With a grammar (structured output), every position's distribution is the target's masked by it, a
+drafted token it forbids is rejected, and it consumes the tokens each round adds: after a round it is in
+the state after the accepted text, as the KV cache is (:mod:`app.engine.grammar`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from app.engine.chat import StopMatcher, Utf8Stream
 from app.engine.drafting.base import EMPTY, Drafter, Outcome, Proposal
 from app.engine.errors import PromptTooLongError
 from app.engine.events import Finished, Started, StatsBuilder, Step
+from app.engine.grammar import Grammar
 from app.engine.policy import DraftPolicy
 from app.engine.sampling import SamplingParams
 from app.engine.sequence import PROMPT, CachedSequence
@@ -50,35 +55,58 @@ def verify(
     proposal: Proposal,
     params: SamplingParams,
     rng: np.random.Generator,
+    grammar: Grammar | None = None,
 ) -> tuple[list[int], list[bool]]:
     """One verification: the tokens the round adds and, for each, whether it was an accepted draft.
 
     ``row(i)`` gives the target's logits after the pending token and the first ``i`` draft tokens;
     ``context`` ends with the pending token (only its last ``repeat_last_n`` tokens matter).
     Greedy: accept while the draft equals the target's argmax. Otherwise: exact rejection sampling.
+    A ``grammar`` (in the state after ``context``) masks each row and consumes each token added; a
+    round ends where the grammar is complete.
     """
     window = list(context[-params.repeat_last_n :]) if params.penalizes else []
     out: list[int] = []
     from_draft: list[bool] = []
     for i, d in enumerate(proposal.tokens):
         if params.greedy:
-            t = sampling.greedy_token(row(i), window, params)
+            t = sampling.greedy_token(row(i), window, params, grammar)
             ok = t == d
         else:
-            p = sampling.distribution(row(i), window, params)
+            p = sampling.distribution(row(i), window, params, grammar)
             ok, t = sampling.accept_or_resample(p, proposal.q[i], d, rng)
         out.append(t)
         from_draft.append(ok)
-        if not ok:
+        if grammar is not None:
+            grammar.consume(t)
+        if not ok or (grammar is not None and grammar.done):
             return out, from_draft
         window.append(t)
     last = row(len(proposal.tokens))
     if params.greedy:
-        out.append(sampling.greedy_token(last, window, params))
+        out.append(sampling.greedy_token(last, window, params, grammar))
     else:
-        out.append(sampling.sample(sampling.distribution(last, window, params), rng))
+        out.append(sampling.sample(sampling.distribution(last, window, params, grammar), rng))
     from_draft.append(False)
+    if grammar is not None:
+        grammar.consume(out[-1])
     return out, from_draft
+
+
+def within_grammar(proposal: Proposal, grammar: Grammar, params: SamplingParams) -> Proposal:
+    """The proposal cut where the grammar forbids a token (nothing to verify past a token that is
+    rejected for certain). A draft sampled from a distribution ``q`` keeps its first forbidden token:
+    rejecting it by the rule of speculative sampling keeps the output's law exact, where cutting a
+    draft at a token chosen by its own value would not. A deterministic draft (prompt lookup, the
+    history) or a greedy one is cut before it."""
+    n = grammar.valid_prefix(proposal.tokens)
+    if n == len(proposal.tokens):
+        return proposal
+    if not params.greedy and proposal.q[n] is not None:
+        n += 1
+    return replace(
+        proposal, tokens=proposal.tokens[:n], q=proposal.q[:n], confidence=proposal.confidence[:n]
+    )
 
 
 def _flush(utf8: Utf8Stream, stopper: StopMatcher) -> str:
@@ -100,11 +128,13 @@ def generate(
     cancel: Callable[[], bool] | None = None,
     mode: str = "speculative",
     rng: np.random.Generator | None = None,
+    grammar: Grammar | None = None,
 ) -> Iterator[Started | Step | Finished]:
     """Generate a reply to ``prompt`` (token ids), yielding ``Started``, ``Step``s and ``Finished``.
 
     The ``Step`` texts concatenate to the reply; ``Finished.text`` is the whole reply (after a cancel it
-    also holds text that was held back, e.g. the start of a possible stop string).
+    also holds text that was held back, e.g. the start of a possible stop string). With a ``grammar``
+    (fresh: in its start state), the reply follows it and ends (reason "eog") once it is complete.
     """
     n_ctx = target.ctx.n_ctx
     if not prompt:
@@ -142,12 +172,18 @@ def generate(
             n = len(tokens)  # the pending token sits at position n - 1
             limit = max(0, min(max_tokens - (n - n_prompt) - 1, n_ctx - n))
             choice = policy.choose(limit if drafter is not None else 0)
-            proposal = drafter.propose(tokens, choice.k, params, rng) if drafter and choice.k else EMPTY
+            proposal = EMPTY
+            if drafter is not None and choice.k:
+                if grammar is None:
+                    proposal = drafter.propose(tokens, choice.k, params, rng)
+                else:
+                    proposal = drafter.propose(tokens, choice.k, params, rng, grammar=grammar)
+                    proposal = within_grammar(proposal, grammar, params)
 
             t1 = time.perf_counter()
             target.verify_batch(tokens[-1], proposal.tokens)
             t_llama_verify = time.perf_counter() - t1
-            new, from_draft = verify(target.ctx.logits, tokens, proposal, params, rng)
+            new, from_draft = verify(target.ctx.logits, tokens, proposal, params, rng, grammar)
             n_accepted = sum(from_draft)
             sure: tuple[float, ...] = ()
             if drafter is not None:
@@ -197,6 +233,8 @@ def generate(
                 if len(tokens) - n_prompt >= max_tokens:
                     reason = "length"
                     break
+                if grammar is not None and kept == len(new) and grammar.done:
+                    reason = "eog"  # the grammar is complete: only the end of the turn may follow
             if not reason and len(tokens) > n_ctx:
                 reason = "context"
             if reason and reason != "stop":  # the reply ends here: release held-back text

@@ -35,6 +35,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -70,11 +71,14 @@ from app.engine.auto.priors import (
     SERVED_RUNS,
     TOKENS_PER_ROUND,
 )
-from app.engine.drafting.base import Drafter, Outcome, Proposal
+from app.engine.drafting.base import Drafter, Outcome, Proposal, within
 from app.engine.drafting.lookup import LookupDrafter
 from app.engine.drafting.model import ModelDrafter
 from app.engine.events import Action, Decision, Declined, Policy, Source
 from app.engine.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from app.engine.grammar import Grammar
 
 
 class AutoDrafter:
@@ -223,8 +227,16 @@ class AutoDrafter:
         return not all(self._losing(f"model{c}") for c in range(len(MODEL_CLASSES)))
 
     def propose(
-        self, tokens: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator
+        self,
+        tokens: Sequence[int],
+        k: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        *,
+        grammar: Grammar | None = None,
     ) -> Proposal:
+        """This round's draft (or none); with a ``grammar``, copies cut before the first token it
+        forbids and the draft model masked by it."""
         self._rest = min(k + 1, max(len(tokens) - self._prompt_len, REPLY_MIN))
         limit = min(k, self.n_max)
         self._probing = False
@@ -243,9 +255,9 @@ class AutoDrafter:
         self._breaks.check(tokens)
         if self._undrafted is not None:
             self._follow_undrafted(tokens)
-        found = self.lookup.propose(tokens, min(k, self.lookup_max), params, rng)
+        found = self.lookup.propose(tokens, min(k, self.lookup_max), params, rng, grammar=grammar)
         if self.history is not None:  # the user's history may offer another copy than the context
-            earlier = self.history.propose(tokens, min(k, self.lookup_max), params, rng)
+            earlier = within(self.history.propose(tokens, min(k, self.lookup_max), params, rng), grammar)
             if earlier.tokens and (not found.tokens or self._history_better(tokens, found, earlier)):
                 found = earlier
         declined = None  # a copy prompt lookup or the history found and auto did not draft
@@ -255,7 +267,7 @@ class AutoDrafter:
                 return copied
         if self.model is None:
             return _no_draft(Action.DECLINED if declined else Action.NO_MATCH, t0, declined)
-        return self._plan_model(tokens, limit, params, rng, t0, declined)
+        return self._plan_model(tokens, limit, params, rng, t0, declined, grammar)
 
     def _copy_class(self, tokens: Sequence[int], found: Proposal) -> tuple[str, int, int | None]:
         """The kind, class and diagonal (None: from the history) of a copy offered this round."""
@@ -348,6 +360,7 @@ class AutoDrafter:
         rng: np.random.Generator,
         t0: float,
         declined: Declined | None,
+        grammar: Grammar | None = None,
     ) -> Proposal:
         """Draft with the draft model, probe it, measure it, or pause."""
         assert self.model is not None
@@ -395,7 +408,7 @@ class AutoDrafter:
         # a probe stays short; a real round drafts on while the draft's confidence says it pays
         room = plan.k if self._probing else limit
         keep_going = continue_rule(self.costs, self.acc["model"], acc, self.costs.draft_step() or 0.0, room)
-        prop = self.model.propose(tokens, room, params, rng, keep_going=keep_going)
+        prop = self.model.propose(tokens, room, params, rng, keep_going=keep_going, grammar=grammar)
         return replace(prop, decision=replace(decision, k=plan.k), t=time.perf_counter() - t0)
 
     def _measured(self, kind: str) -> float | None:

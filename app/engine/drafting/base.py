@@ -7,13 +7,16 @@ and tells the drafter how it went (:class:`Outcome`). The loop depends on this m
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from app.engine.events import Decision, Source
 from app.engine.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from app.engine.grammar import Grammar
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +69,17 @@ class Drafter(Protocol):
         ...
 
     def propose(
-        self, tokens: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator
+        self,
+        tokens: Sequence[int],
+        k: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        *,
+        grammar: Grammar | None = None,
     ) -> Proposal:
-        """Up to ``k`` tokens likely to follow ``tokens``."""
+        """Up to ``k`` tokens likely to follow ``tokens``. With a ``grammar`` (structured output; the loop
+        passes it only then, in the state after ``tokens``), preferably tokens it allows: the loop
+        rejects the others. The drafter must leave the grammar's state as it found it."""
         ...
 
     def observe(self, proposal: Proposal, outcome: Outcome) -> None:
@@ -76,6 +87,18 @@ class Drafter(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def within(proposal: Proposal, grammar: Grammar | None) -> Proposal:
+    """A deterministic draft (a copy) cut before the first token ``grammar`` forbids."""
+    if grammar is None or not proposal.tokens:
+        return proposal
+    n = grammar.valid_prefix(proposal.tokens)
+    if n == len(proposal.tokens):
+        return proposal
+    return replace(
+        proposal, tokens=proposal.tokens[:n], q=proposal.q[:n], confidence=proposal.confidence[:n]
+    )
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int], start: int = 0) -> int:

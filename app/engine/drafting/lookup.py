@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from app.engine.drafting.base import EMPTY, Outcome, Proposal, common_prefix
 from app.engine.events import Source
 from app.engine.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from app.engine.grammar import Grammar
 
 # A replacement of one copied token by another is made in the copies offered once this reply has
 # made it EDIT_SEEN times (where a copy resumed on its diagonal for two tokens after it). Seen once,
@@ -143,8 +147,16 @@ class LookupDrafter:
         return ends
 
     def propose(
-        self, tokens: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator
+        self,
+        tokens: Sequence[int],
+        k: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        *,
+        grammar: Grammar | None = None,
     ) -> Proposal:
+        """A copy of up to ``k`` tokens; with a ``grammar``, cut before the first token it forbids (a
+        copy that starts with one gives way to a shorter match's)."""
         if k <= 0:
             return EMPTY
         t0 = time.perf_counter()
@@ -172,8 +184,10 @@ class LookupDrafter:
                 stop = next((i for i, t in enumerate(cont) if t in self.stops), None) if self.stops else None
                 if stop is not None:
                     cont = cont[:stop]  # the text it copied went on into a turn of the chat template
-                    if not cont:
-                        continue
+                if grammar is not None:
+                    cont = cont[: grammar.valid_prefix(cont)]
+                if not cont:
+                    continue
                 return Proposal(
                     cont,
                     (None,) * len(cont),

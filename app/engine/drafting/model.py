@@ -19,6 +19,7 @@ from app.engine.sampling import SamplingParams
 from app.engine.sequence import PROMPT, CachedSequence
 
 if TYPE_CHECKING:
+    from app.engine.grammar import Grammar
     from app.engine.llama import Context
 
 
@@ -75,8 +76,13 @@ class ModelDrafter:
         rng: np.random.Generator,
         *,
         keep_going: Callable[[int, Sequence[float]], bool] | None = None,
+        grammar: Grammar | None = None,
     ) -> Proposal:
-        """Draft up to ``k`` tokens; stop early under ``p_min`` or when ``keep_going(j, conf)`` says so."""
+        """Draft up to ``k`` tokens; stop early under ``p_min`` or when ``keep_going(j, conf)`` says so.
+
+        With a ``grammar``, the draft's distribution is masked by it as the target's is (in a copy of
+        its state that walks ahead with the draft), so the draft holds to it; drafting stops where it
+        is complete."""
         if k <= 0:
             return EMPTY
         t0 = time.perf_counter()
@@ -88,15 +94,19 @@ class ModelDrafter:
         qs: list[np.ndarray | None] = []
         conf: list[float] = []
         history = list(tokens)
+        walk = grammar.fork() if grammar is not None else None
         for j in range(k):
             logits = self.ctx.logits(-1)
             if params.greedy:
-                top = sampling.top_probability(sampling.penalized(logits, history, params))
+                x = sampling.penalized(logits, history, params)
+                if walk is not None and not walk.allows(int(x.argmax())):
+                    x = sampling.masked(x, walk)
+                top = sampling.top_probability(x)
                 if top < self.p_min:
                     break
-                tok, q, c = sampling.greedy_token(logits, history, params), None, top
+                tok, q, c = int(x.argmax()), None, top
             else:
-                q = sampling.distribution(logits, history, params)
+                q = sampling.distribution(logits, history, params, walk)
                 c = float(q.max())
                 if c < self.p_min:
                     break
@@ -106,6 +116,8 @@ class ModelDrafter:
             qs.append(q)
             conf.append(c)
             history.append(tok)
+            if walk is not None and (not walk.advance(tok) or walk.done):
+                break
             if j == k - 1 or (keep_going is not None and not keep_going(j, conf)):
                 break
             t1 = time.perf_counter()

@@ -10,6 +10,7 @@ from typing import Any
 
 from app.engine.chat import ChatTemplateError
 from app.engine.errors import (
+    ConstraintError,
     ContextFullError,
     DecodeError,
     EngineError,
@@ -62,6 +63,7 @@ _ERROR_TYPES: dict[str, type[Exception]] = {
     cls.__name__: cls
     for cls in (
         EngineError,
+        ConstraintError,
         IncompatibleDraftError,
         ModelLoadError,
         LlamaError,
