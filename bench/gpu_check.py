@@ -17,7 +17,7 @@ Steps, each written to the JSON as it ends (a run stopped half-way keeps what it
    target as its own draft (:mod:`bench.gpu_engine`): the loop's overhead per round beside the table.
 4. ``replay``: the recorded single-turn and multi-turn drafts (``bench/recorded/*.replies.json.gz``)
    replayed with the measured table (:mod:`bench.gpu_replay`): what they would give with a 7B target
-   on this GPU, per mode.
+   on this GPU, per mode, with the table after 512 and after 4096 tokens.
 5. ``lossless``: the tests' tiny real models on the GPU (:mod:`bench.gpu_lossless`).
 6. ``backends``: step 2 for the other builds given with ``--backend`` (Vulkan), last: the first one's
    figures matter most, and a call that runs out of time keeps them.
@@ -46,7 +46,7 @@ from bench.gpu_summary import summary_lines
 REPO = Path(__file__).resolve().parents[1]
 STEPS = ("models", "costs", "engine", "replay", "lossless", "backends")
 DRY_STEPS = ("models", "replay")
-SET_CONTEXT = {"single-turn": "512", "multi-turn": "4096"}  # the measured table each set replays with
+SET_CONTEXT = {"single-turn": "512", "multi-turn": "4096"}  # an earlier check's table, replayed again here
 ASSUMED_DRAFT = [0.15] * 16  # --ratios gpu: a 0.5B draft's step against a 7B's, assumed (not measured)
 
 
@@ -145,27 +145,34 @@ def measured_table(costs: dict[str, Any], context: str) -> tuple[list[float], li
 
 
 def run_replay(args: argparse.Namespace, result: dict[str, Any]) -> dict[str, Any]:
+    """Each prepared set replayed with the given table (dry run), or with the primary backend's table
+    at each context measured (single-turn prompts hold about 200 tokens, multi-turn ones 100-1,700:
+    between the 512 and 4096 tables): ``"<set>"`` or ``"<set> @<context>"``."""
     from bench.gpu_replay import SETS, load_prepared, replay_set
 
     loaded = {name: load_prepared(path, args.replay_limit) for name, path in SETS.items() if path.exists()}
+    jobs: list[tuple[str, str, tuple[list[float], list[float] | None, str]]] = []
     if args.dry_run or "costs" not in result or "primary" not in result:
         tables = given_table(args.ratios, {n: m for n, (m, _) in loaded.items()})
+        jobs = [(n, n, tables[n]) for n in loaded]
     else:
         costs = result["costs"][result["primary"]]
-        tables = {}
         for n in loaded:
-            ratios, draft, used = measured_table(costs, SET_CONTEXT[n])
-            tables[n] = (ratios, draft, f"measured after {used} tokens ({result['primary']})")
+            for ctx in costs["contexts"]:
+                ratios, draft, used = measured_table(costs, ctx)
+                jobs.append(
+                    (f"{n} @{ctx}", n, (ratios, draft, f"measured after {used} tokens ({result['primary']})"))
+                )
     out: dict[str, Any] = {}
-    for name, (meta, replies) in loaded.items():
-        ratios, draft_ratios, label = tables[name]
+    for key, name, (ratios, draft_ratios, label) in jobs:
+        meta, replies = loaded[name]
         t0 = time.perf_counter()
         try:
             rows = replay_set(meta, replies, ratios, draft_ratios, orders=args.orders)
         except (ValueError, ZeroDivisionError) as e:  # a table a noisy machine measured below 0 past its end
-            out[name] = {"table": label, "error": f"{type(e).__name__}: {e}", "ratios": ratios}
+            out[key] = {"table": label, "error": f"{type(e).__name__}: {e}", "ratios": ratios}
             continue
-        out[name] = {
+        out[key] = {
             "table": label,
             "replies": len(replies),
             "source": meta.get("source"),
