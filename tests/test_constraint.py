@@ -403,3 +403,12 @@ def test_a_constraint_through_the_engine_process(tiny_pair, engine: Engine) -> N
         with pytest.raises(ConstraintError, match="nowhere"):
             list(client.generate(text=PROMPTS[0], settings=replace(gs, constraint=bad)))
         assert list(client.generate(text=PROMPTS[0], settings=gs))[-1].tokens == want.tokens
+
+
+def test_the_cost_benchmark_replays_a_reply_through_the_grammar(engine: Engine) -> None:
+    from app.engine.grammar_llama import vocabulary
+    from bench.grammar_cost import replay
+
+    vocab = vocabulary(engine.target)
+    report = replay(engine.target, CONSTRAINTS["json_object"], vocab)
+    assert report["tokens"] > 50 and report["mask"]["median_ms"] > 0 and report["fork"]["max_ms"] > 0

@@ -180,13 +180,17 @@ def distribution(
         out = np.zeros(n)
         out[greedy_token(logits, history, params, allowed)] = 1.0
         return out
-    x = penalized(logits, history, params).astype(np.float64)
-    if allowed is not None:
-        x[~_fit(allowed.mask(), n)] = -np.inf
-    keep = np.arange(n)
-    if 0 < params.top_k < n:
-        keep = np.argpartition(-x, params.top_k - 1)[: params.top_k]
-    xs = x[keep]
+    x = penalized(logits, history, params)
+    if allowed is None:
+        keep, xs = np.arange(n), x.astype(np.float64)
+    else:  # the transforms below see the allowed tokens only (fewer to sort where the grammar is narrow)
+        keep = np.flatnonzero(_fit(allowed.mask(), n))
+        if keep.size == 0:
+            keep = np.array([int(np.argmax(x))])
+        xs = x[keep].astype(np.float64)
+    if 0 < params.top_k < xs.shape[0]:
+        top = np.argpartition(-xs, params.top_k - 1)[: params.top_k]
+        keep, xs = keep[top], xs[top]
     if params.top_p < 1.0 or params.min_p > 0.0:
         p = _softmax(xs)
         order = np.argsort(-p, kind="stable")
