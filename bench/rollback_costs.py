@@ -60,7 +60,14 @@ def _configs(directory: Path, quant: str, shape: str) -> dict[str, tuple[Path, i
 
 
 def measure(
-    directory: Path, *, quant: str, context: int, repeats: int, threads: int, shape: str = "2b"
+    directory: Path,
+    *,
+    quant: str,
+    context: int,
+    repeats: int,
+    threads: int,
+    shape: str = "2b",
+    batches: tuple[int, ...] = BATCHES,
 ) -> dict:
     configs = _configs(directory, quant, shape)
     models: dict[Path, Model] = {}
@@ -74,10 +81,12 @@ def measure(
         seq.extend(text[:context], logits="none")
         seq.checkpoint(PROMPT)  # where each measurement goes back to, as at the end of a prompt
         seqs[name] = seq
-    times: dict[str, dict[int, list[float]]] = {n: {b: [] for b in BATCHES} for n in seqs}
-    undo: dict[str, dict[int, list[float]]] = {n: {b: [] for b in BATCHES} for n in seqs}
+    if 1 not in batches:
+        batches = (1, *batches)  # the decode step every ratio is taken against
+    times: dict[str, dict[int, list[float]]] = {n: {b: [] for b in batches} for n in seqs}
+    undo: dict[str, dict[int, list[float]]] = {n: {b: [] for b in batches} for n in seqs}
     for r in range(repeats + 1):  # the first pass warms the buffers and is not kept
-        for b in BATCHES:
+        for b in batches:
             for name, seq in seqs.items():
                 t0 = time.perf_counter()
                 seq.verify_batch(text[context], text[context + 1 : context + b])
@@ -112,6 +121,7 @@ def measure(
         "context": context,
         "threads": threads,
         "repeats": repeats,
+        "batches": list(batches),
         "step_ms": {n: 1e3 * statistics.median(t[1]) for n, t in times.items()},
         "ratio": {},
         "undo_ms": {},
@@ -136,7 +146,7 @@ def table(res: dict) -> str:
         "| batch | " + " | ".join(names) + " |",
         "|---|" + "---|" * len(names),
     ]
-    for b in BATCHES:
+    for b in map(int, res["ratio"][names[0]]):
         cells = []
         for n in names:
             med, lo, hi = res["ratio"][n][b]
@@ -162,13 +172,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--batches", default=",".join(map(str, BATCHES)), help="batch sizes (comma-separated)")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="tandem-rollback-") as tmp:
         folder = args.dir or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
         res = measure(folder, quant=args.quant, context=args.context, repeats=args.repeats,
-                      threads=args.threads, shape=args.shape)  # fmt: skip
+                      threads=args.threads, shape=args.shape,
+                      batches=tuple(int(b) for b in args.batches.split(",")))  # fmt: skip
     print(f"synthetic Qwen3.5 ({res['params']['hybrid']:,} parameters) against dense attention "
           f"({res['params']['attention']:,}), {res['quant']}, {res['context']} tokens of context, "
           f"{res['threads']} threads; verify batch / decode step, median (min-max) of "
