@@ -18,7 +18,6 @@ from app.engine.chat import ChatTemplate, Message
 from app.engine.drafting import Drafter, LookupDrafter, ModelDrafter
 from app.engine.errors import EngineError, IncompatibleDraftError
 from app.engine.events import Finished, Started, Step
-from app.engine.grammar import Grammar, Vocabulary, compile_constraint
 from app.engine.info import EngineInfo, HistoryInfo, ModelInfo
 from app.engine.llama import (
     Context,
@@ -30,7 +29,7 @@ from app.engine.llama import (
     devices,
     supports_gpu_offload,
 )
-from app.engine.offload import OffloadPlan, choose_device, load_with_fewer_layers, plan_offload
+from app.engine.offload import OffloadPlan, choose_device, gpus_for, load_with_fewer_layers, plan_offload
 from app.engine.policy import (
     AdaptivePolicy,
     DraftPolicy,
@@ -50,6 +49,7 @@ from app.gguf.meta import GGUFError, read_metadata_file
 from app.gguf.split import first_part, missing_parts, split_info
 
 if TYPE_CHECKING:
+    from app.engine.grammar import Grammar, Vocabulary
     from app.engine.keeper import HistoryKeeper
 
 log = logging.getLogger("tandem.engine")
@@ -135,9 +135,11 @@ class Engine:
         memory of a real GPU (nothing on a CPU-only build, without a GPU or on a software renderer;
         the plan's ``reason`` says why)."""
         requests = {"target_request": settings.n_gpu_layers, "draft_request": settings.n_gpu_layers_draft}
-        device, why = choose_device(devices(), backends(), gpu_offload=supports_gpu_offload(), **requests)
+        found = devices()
+        device, why = choose_device(found, backends(), gpu_offload=supports_gpu_offload(), **requests)
         if device is None or (settings.n_gpu_layers is not None and settings.n_gpu_layers_draft is not None):
-            return replace(plan_offload(Footprint(0, 1, 0), None, device, **requests), reason=why)
+            plan = plan_offload(Footprint(0, 1, 0), None, device, **requests)
+            return replace(plan, reason=why, gpus=gpus_for(found, device) if why else None)
         try:
             tfp = file_footprint(target, settings.n_ctx)
             dfp = file_footprint(draft, settings.n_ctx, draft=True) if draft is not None else None
@@ -175,7 +177,8 @@ class Engine:
         plan), with fewer layers each time the GPU runs out of memory."""
 
         def load(n: int) -> tuple[Model, Context]:
-            model = Model(path, n_gpu_layers=n, progress=(lambda f: progress(stage, f)) if progress else None)
+            report = (lambda f: progress(stage, f)) if progress else None
+            model = Model(path, n_gpu_layers=n, progress=report, gpus=self.plan.gpus)
             try:
                 return model, self._context(model, n_ctx, draft=stage == "draft")
             except BaseException:
@@ -393,10 +396,11 @@ class Engine:
         engine is read on the first one: about 1 s for 152k tokens)."""
         if gs.constraint is None:
             return None
+        from app.engine.grammar import Grammar, compile_constraint  # llguidance, only when asked
+        from app.engine.grammar_llama import vocabulary
+
         vocab: Vocabulary | None = getattr(self, "_grammar_vocab", None)
         if vocab is None:
-            from app.engine.grammar_llama import vocabulary
-
             vocab = self._grammar_vocab = vocabulary(self.target)
         return Grammar(vocab, compile_constraint(gs.constraint))
 

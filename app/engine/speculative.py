@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,10 +25,12 @@ from app.engine.chat import StopMatcher, Utf8Stream
 from app.engine.drafting.base import EMPTY, Drafter, Outcome, Proposal
 from app.engine.errors import PromptTooLongError
 from app.engine.events import Finished, Started, StatsBuilder, Step
-from app.engine.grammar import Grammar
 from app.engine.policy import DraftPolicy
 from app.engine.sampling import SamplingParams
 from app.engine.sequence import PROMPT, CachedSequence
+
+if TYPE_CHECKING:
+    from app.engine.grammar import Grammar
 
 
 class TargetCache(CachedSequence):
@@ -104,9 +107,7 @@ def within_grammar(proposal: Proposal, grammar: Grammar, params: SamplingParams)
         return proposal
     if not params.greedy and proposal.q[n] is not None:
         n += 1
-    return replace(
-        proposal, tokens=proposal.tokens[:n], q=proposal.q[:n], confidence=proposal.confidence[:n]
-    )
+    return replace(proposal, tokens=proposal.tokens[:n], q=proposal.q[:n], confidence=proposal.confidence[:n])
 
 
 def _flush(utf8: Utf8Stream, stopper: StopMatcher) -> str:

@@ -255,7 +255,11 @@ class AutoDrafter:
         self._breaks.check(tokens)
         if self._undrafted is not None:
             self._follow_undrafted(tokens)
-        found = self.lookup.propose(tokens, min(k, self.lookup_max), params, rng, grammar=grammar)
+        room = min(k, self.lookup_max)
+        if grammar is None:
+            found = self.lookup.propose(tokens, room, params, rng)
+        else:  # a copy cut before what the grammar forbids (a shorter match's where its first token is)
+            found = self.lookup.propose(tokens, room, params, rng, grammar=grammar)
         if self.history is not None:  # the user's history may offer another copy than the context
             earlier = within(self.history.propose(tokens, min(k, self.lookup_max), params, rng), grammar)
             if earlier.tokens and (not found.tokens or self._history_better(tokens, found, earlier)):
@@ -408,7 +412,10 @@ class AutoDrafter:
         # a probe stays short; a real round drafts on while the draft's confidence says it pays
         room = plan.k if self._probing else limit
         keep_going = continue_rule(self.costs, self.acc["model"], acc, self.costs.draft_step() or 0.0, room)
-        prop = self.model.propose(tokens, room, params, rng, keep_going=keep_going, grammar=grammar)
+        if grammar is None:  # (a grammar only where there is one: a replayed model takes none)
+            prop = self.model.propose(tokens, room, params, rng, keep_going=keep_going)
+        else:
+            prop = self.model.propose(tokens, room, params, rng, keep_going=keep_going, grammar=grammar)
         return replace(prop, decision=replace(decision, k=plan.k), t=time.perf_counter() - t0)
 
     def _measured(self, kind: str) -> float | None:
