@@ -186,6 +186,15 @@ def test_the_reply_ends_where_the_grammar_is_complete(engine: Engine) -> None:
         for mode, n_max, adaptive in MODES:
             fin = engine.run(ids, settings(mode, yes_no, n_max=n_max, adaptive=adaptive))
             assert (fin.tokens, fin.text, fin.reason) == (plain.tokens, plain.text, "eog")
+    # Lark through the same field: a special token by name and an embedded JSON schema
+    lark = Constraint("gbnf", gbnf='start: <|im_start|> "n=" %json {"type": "integer", "maximum": 99}')
+    ids = engine.tokenize(PROMPTS[1])
+    plain = engine.run(ids, settings("plain", lark))
+    start = engine.target.tokenize("<|im_start|>", add_special=False, parse_special=True)
+    assert plain.reason == "eog" and plain.tokens[0] == start[0] and plain.text.startswith("n=")
+    assert 0 <= json.loads(plain.text[2:]) <= 99
+    for mode, n_max, adaptive in MODES:
+        assert engine.run(ids, settings(mode, lark, n_max=n_max, adaptive=adaptive)).tokens == plain.tokens
     # the end of the turn is allowed only where the grammar is complete: an incomplete reply is cut
     short = engine.run(
         engine.tokenize(PROMPTS[0]), settings("auto", CONSTRAINTS["json_schema"], max_tokens=5)

@@ -68,7 +68,9 @@ class Constraint:
     """Structured output: the reply must follow a grammar, in every mode and losslessly.
 
     ``kind``: "json_object" (any JSON object), "json_schema" (``schema``: a JSON schema as JSON text)
-    or "gbnf" (``gbnf``: a grammar in llama.cpp's GBNF). ``strict`` (json_schema): every keyword of the
+    or "gbnf" (``gbnf``: a grammar in llama.cpp's GBNF, or in llguidance's Lark, told apart by its
+    syntax: Lark names special tokens, ``<tool_call>``, and embeds JSON schemas, ``%json {...}``, so a
+    tool call in a model's own format can be required). ``strict`` (json_schema): every keyword of the
     schema must be enforceable, else :class:`ConstraintError`; without it, keywords the grammar engine
     does not implement are ignored (the reply still follows the rest of the schema). Building one
     checks the schema or grammar (:class:`ConstraintError`, one line: fit for an API's 400).
