@@ -96,9 +96,7 @@ def within(proposal: Proposal, grammar: Grammar | None) -> Proposal:
     n = grammar.valid_prefix(proposal.tokens)
     if n == len(proposal.tokens):
         return proposal
-    return replace(
-        proposal, tokens=proposal.tokens[:n], q=proposal.q[:n], confidence=proposal.confidence[:n]
-    )
+    return replace(proposal, tokens=proposal.tokens[:n], q=proposal.q[:n], confidence=proposal.confidence[:n])
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int], start: int = 0) -> int:
