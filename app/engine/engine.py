@@ -285,9 +285,10 @@ class Engine:
         model = self.target
         kinds = dict.fromkeys(model.control_tokens, False)
         try:
-            types = read_metadata_file(model.path).get("tokenizer.ggml.token_type") or []
+            found = read_metadata_file(model.path).get("tokenizer.ggml.token_type")
         except (OSError, GGUFError):
-            types = []
+            found = None
+        types = [] if found is None else [int(k) for k in found]  # a long array comes as numpy's
         for t, kind in enumerate(types[: model.n_vocab]):
             if kind in (_UNKNOWN, _USER_DEFINED):
                 kinds.setdefault(t, kind == _USER_DEFINED)
