@@ -66,7 +66,7 @@ fi
 tar -xzf "$carry"/llama-cpp-python-*-src.tar.gz -C "$src" --strip-components=1
 # shellcheck disable=SC2086  # the flags are words
 cmake -S "$src" -B "$src/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAVA_BUILD=OFF \
-  -DGGML_NATIVE=ON -DSKBUILD_PLATLIB_DIR="$site" $cmake_args "${extra[@]}" >"$src/configure.log" 2>&1 \
+  -DGGML_NATIVE=OFF -DSKBUILD_PLATLIB_DIR="$site" -DCMAKE_INSTALL_PREFIX="$src/prefix" $cmake_args "${extra[@]}" >"$src/configure.log" 2>&1 \
   || { tail -40 "$src/configure.log"; exit 1; }
 t1=$(date +%s)
 if [[ -n "${TANDEM_GPU_CONFIGURE_ONLY:-}" ]]; then  # tests: the flags and the build's size, no build
