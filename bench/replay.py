@@ -141,6 +141,7 @@ class ReplayDraft:
         rng: Any,
         *,
         keep_going: Callable[[int, Sequence[float]], bool] | None = None,
+        grammar: Any = None,  # replayed replies were unconstrained: a grammar is never passed here
     ) -> Proposal:
         r = self._reply
         if k <= 0 or r is None:
