@@ -160,7 +160,11 @@ def run_self_test(
                 f"engine process: started in {t_started - t_start:.2f} s (pid {client.pid}), "
                 f"models loaded in {t_loaded - t_started:.2f} s"
             )
-            say(f"backend: {info.backend}")
+            used = next(
+                (m.offload.backend for m in (info.target, info.draft) if m and m.offload.on_gpu), "CPU"
+            )
+            also = f" (this llama.cpp also has {info.backend})" if info.backend != used else ""
+            say(f"backend: {used}{also}")
             say(f"gpu: {_describe_gpu(info)}")
             say(f"placement: {info.placement()}")
             say(f"devices: {_describe_devices(info)}")

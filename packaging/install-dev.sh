@@ -32,6 +32,7 @@
 # CMAKE_ARGS, so it could hand back a wheel built with other flags).
 # TANDEM_DRY_RUN=1 prints the backend, the flags and the wheel folder, and stops before building.
 # TANDEM_VENV=<folder> installs into that venv instead of .venv (CI's separate Vulkan venv).
+# TANDEM_WHEEL_ONLY=1 builds (or finds) the cached wheel and stops before installing anything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -215,6 +216,10 @@ if ! compgen -G "$wheels/llama_cpp_python-$LLAMA_VERSION-*.whl" >/dev/null; then
     --disable-pip-version-check --no-deps --no-cache-dir -w "$wheels" "llama-cpp-python==$LLAMA_VERSION"
 else
   echo "llama-cpp-python $LLAMA_VERSION for $what: cached wheel in $wheels" >&2
+fi
+if [[ "${TANDEM_WHEEL_ONLY:-0}" == 1 ]]; then
+  echo "wheel: $(ls "$wheels"/llama_cpp_python-$LLAMA_VERSION-*.whl)" >&2
+  exit 0
 fi
 "$venv/bin/python" -m pip install -q --disable-pip-version-check --find-links "$wheels" \
   "llama-cpp-python==$LLAMA_VERSION" -e ".[test]"

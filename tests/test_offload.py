@@ -20,6 +20,7 @@ from app.engine.offload import (
     fewer_layers,
     gpu_budget,
     gpu_device,
+    gpus_for,
     is_software,
     load_with_fewer_layers,
     no_gpu_reason,
@@ -65,6 +66,9 @@ def test_an_explicit_layer_count_is_kept() -> None:
     assert (plan.target_layers, plan.draft_layers) == (0, ALL)
     assert plan_offload(TARGET, None, gpu(GiB), target_request=ALL).target_layers == ALL
     assert plan_offload(TARGET, DRAFT, None, target_request=12, draft_request=ALL).target_layers == 12
+    # both counts given: kept as given, with or without the models' footprints (the engine reads none then)
+    plan = plan_offload(Footprint(0, 1, 0), None, gpu(GiB), target_request=1, draft_request=ALL)
+    assert (plan.target_layers, plan.draft_layers) == (1, ALL)
 
 
 def test_unified_memory_keeps_no_display_reserve() -> None:
@@ -173,6 +177,13 @@ def test_a_software_renderer_is_never_chosen_by_auto(monkeypatch) -> None:
     assert gpu_device([CPU, LAVAPIPE], allow_software=True) == LAVAPIPE
     monkeypatch.setenv(ALLOW_SOFTWARE_ENV, "1")
     assert gpu_device([CPU, LAVAPIPE]) == LAVAPIPE
+
+
+def test_a_skipped_software_renderer_is_hidden_from_llama_cpp() -> None:
+    # llama.cpp sends a large batch's matrix products to any GPU it sees, whatever the layers: a plan
+    # without a GPU while a software renderer is visible names no GPU at all
+    assert gpus_for([CPU, LAVAPIPE], None) == ()
+    assert gpus_for([CPU], None) is None and gpus_for([CPU, RADEON], RADEON) is None
 
 
 def test_a_discrete_gpu_before_an_integrated_one() -> None:

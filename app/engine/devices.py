@@ -7,11 +7,13 @@ devices auto offload uses, and why none, is decided in :mod:`app.engine.offload`
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
 import llama_cpp
 
+from app.engine.errors import LlamaError
 from app.engine.info import Device
 from app.engine.offload import backend_of, is_software, used_gpu
 
@@ -68,6 +70,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.ggml_backend_reg_name.argtypes = [p]
     lib.ggml_backend_reg_dev_count.restype = size
     lib.ggml_backend_reg_dev_count.argtypes = [p]
+    lib.ggml_backend_dev_by_name.restype = p
+    lib.ggml_backend_dev_by_name.argtypes = [ctypes.c_char_p]
 
 
 def devices() -> list[Device]:
@@ -106,6 +110,20 @@ def backends() -> dict[str, int]:
         name = (lib.ggml_backend_reg_name(reg) or b"").decode(errors="replace")
         out[name] = int(lib.ggml_backend_reg_dev_count(reg))
     return out
+
+
+def device_list(names: Sequence[str]) -> ctypes.Array:
+    """A NULL-terminated array of ggml devices by name, for ``llama_model_params.devices`` (an empty
+    one: no GPU at all, not even for a large batch's matrix products)."""
+    _init()
+    lib = _ggml_lib()
+    handles = []
+    for name in names:
+        handle = lib.ggml_backend_dev_by_name(name.encode()) if lib is not None else None
+        if not handle:
+            raise LlamaError(f"no ggml device named {name}")
+        handles.append(handle)
+    return (ctypes.c_void_p * (len(handles) + 1))(*handles, None)
 
 
 def backend_name() -> str:

@@ -22,6 +22,7 @@ import numpy as np
 from app.engine.devices import _ggml_lib as _ggml_lib  # the devices (ggml's registry), re-exported
 from app.engine.devices import backend_name as backend_name
 from app.engine.devices import backends as backends
+from app.engine.devices import device_list
 from app.engine.devices import devices as devices
 from app.engine.errors import ContextFullError, DecodeError, LlamaError, ModelLoadError
 from app.engine.info import Offload
@@ -140,12 +141,17 @@ class Model:
         n_gpu_layers: int = 0,
         use_mmap: bool = True,
         progress: Callable[[float], bool | None] | None = None,
+        gpus: Sequence[str] | None = None,
     ):
-        """Load ``path``. ``progress(fraction)`` is called while loading; returning False cancels."""
+        """Load ``path``. ``progress(fraction)`` is called while loading; returning False cancels.
+        ``gpus``: the ggml devices llama.cpp may use (None: its own choice; empty: none at all)."""
         init_backend()
         self.path = check_model_file(path)
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = int(n_gpu_layers)
+        if gpus is not None:
+            self._gpus = device_list(gpus)  # read during the load
+            params.devices = ctypes.addressof(self._gpus)
         params.load_mode = llama_cpp.LLAMA_LOAD_MODE_MMAP if use_mmap else llama_cpp.LLAMA_LOAD_MODE_NONE
         if progress is not None:
 

@@ -44,6 +44,9 @@ class OffloadPlan:
     device: Device | None = None  # the GPU it plans for (None: CPU only)
     budget: int = 0  # bytes of GPU memory it planned with
     reason: str = ""  # why a model stays on the CPU (no GPU, a software renderer, too little memory)
+    # the GPUs llama.cpp may use (None: its own choice; (): none, not even for a large batch's matrix
+    # products, which llama.cpp otherwise sends to a GPU whatever the layers: a skipped software renderer)
+    gpus: tuple[str, ...] | None = None
 
     @property
     def on_gpu(self) -> bool:
@@ -124,6 +127,14 @@ def choose_device(
     return None, no_gpu_reason(devices, backends, gpu_offload=gpu_offload)
 
 
+def gpus_for(devices: Sequence[Device], device: Device | None) -> tuple[str, ...] | None:
+    """The GPUs llama.cpp may use for a plan on ``device``: its own choice, except that a plan without a
+    GPU while a software renderer is visible uses no GPU at all."""
+    if device is None and any(d.kind in ("GPU", "IGPU") and is_software(d) for d in devices):
+        return ()
+    return None
+
+
 def _size(n: int) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
@@ -153,7 +164,7 @@ def plan_offload(
             0 if target_request is AUTO else target_request, 0 if draft_request is AUTO else draft_request
         )
     budget = left = gpu_budget(device)
-    draft_layers = 0
+    draft_layers = 0 if draft_request is AUTO else draft_request  # an explicit count, footprint or not
     if draft is not None:
         if draft_request is AUTO:
             if draft.total <= left:
