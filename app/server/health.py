@@ -28,7 +28,9 @@ def engine_state(served: Served, watchdog: Watchdog | None = None) -> tuple[str,
     """The engine's state ("ready", "busy", "loading", "restarting", "failed") and what goes with it."""
     now = time.monotonic()
     if served.restarting:
-        return "restarting", {"reason": served.cause, "attempt": served.attempts}
+        failed = f"could not be restarted: {served.failure}; trying again now"
+        why = failed if served.failure else served.cause
+        return "restarting", {"reason": why, "attempt": served.attempts}
     if served.failure:
         return "failed", {
             "reason": served.failure,

@@ -106,6 +106,8 @@ class Served:
 
     def unavailable(self) -> Unavailable | None:
         """Why a request cannot be served now (None: it can)."""
+        if self.restarting and self.failure:  # a retry after a failed restart: the failure is the why
+            return Unavailable(f"the engine could not be restarted: {self.failure}; trying again now", 2)
         if self.restarting:
             why = f" after: {self.cause}" if self.cause else ""
             return Unavailable(f"the engine is restarting{why}; try again shortly", 2)
