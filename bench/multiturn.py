@@ -43,15 +43,14 @@ import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.modes import MODES, Mode, best_fixed, collect, parse_modes, reply_record, warm_up
 from bench.run import REPO, TIE_GAP, balanced_order, lookup_bound, machine, recorded_ratios
 
 DEFAULT_CONVERSATIONS = Path(__file__).with_name("conversations.jsonl")
 KINDS = ("code", "document", "agent")
-N_MAX = 8  # as tandem bench's auto mode
 HISTORY_READY_TIMEOUT = 600.0  # seconds to wait for a loaded history (it loads in the background)
 QUIET_CORES = 0.2  # --wait-quiet: other processes under this share of the CPU count as a quiet machine
 BUSY_CORES = 0.5  # a turn during which other processes used more than this is counted as contended
@@ -59,18 +58,6 @@ BUSY_WINDOW = 5.0  # seconds: --retry-busy judges other processes' use over wind
 RETRY_WAIT = 600.0  # seconds: at most this long waiting for a quiet machine before a turn runs again
 
 
-@dataclass(frozen=True)
-class Mode:
-    name: str
-    mode: str
-    history: bool = False  # records under the conversation's id (the history drafter's document)
-
-
-MODES = {
-    "plain": Mode("plain", "plain"),
-    "auto": Mode("auto", "auto"),
-    "auto-history": Mode("auto-history", "auto", history=True),
-}
 DEFAULT_MODES = "plain,auto,auto-history"
 
 
@@ -87,7 +74,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True, help="target GGUF")
     p.add_argument("--draft", help="draft GGUF (used by auto mode)")
     p.add_argument("--conversations", type=Path, default=DEFAULT_CONVERSATIONS, help="JSONL: id, kind, turns")
-    p.add_argument("--modes", default=DEFAULT_MODES, help=f"comma-separated, from: {', '.join(MODES)}")
+    p.add_argument(
+        "--modes",
+        default=DEFAULT_MODES,
+        help=f"comma-separated, from: {', '.join(MODES)}; spec: spec1-4,6,8 (fixed settings: auto is held to "
+        "the best of them per group)",
+    )
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--ctx", type=int, default=8192)
     p.add_argument("--threads", type=int, default=None)
@@ -174,10 +166,7 @@ def history_doc(conversation: str, pass_no: int) -> str:
 
 
 def generation_settings(m: Mode, conversation: str, max_tokens: int) -> Any:
-    from app.engine.settings import GenerationSettings
-
-    extra = {"history_doc": conversation} if m.history else {}
-    return GenerationSettings(mode=m.mode, max_tokens=max_tokens, n_max=N_MAX, **extra)
+    return m.settings(max_tokens, **({"history_doc": conversation} if m.history else {}))
 
 
 def open_engine(args: argparse.Namespace, history_dir: Path | None = None, costs: Any = None) -> Any:
@@ -238,39 +227,8 @@ def history_info(engine: Any) -> dict[str, Any] | None:
     return dataclasses.asdict(info) if dataclasses.is_dataclass(info) else dict(vars(info))
 
 
-def warm_up(engine: Any, conversations: list[dict[str, Any]]) -> None:
-    """One short untimed reply with the target and one with the draft model (if loaded): the first
-    replies after a load run slowly and would penalize whichever mode the order puts first."""
-    from app.engine.settings import GenerationSettings
-
-    ids = engine.chat_prompt([{"role": "user", "content": conversations[0]["turns"][0]}])
-    for mode in ("plain", "speculative") if engine.draft is not None else ("plain",):
-        engine.reset()
-        engine.run(ids, GenerationSettings(mode=mode, max_tokens=16, n_max=3, adaptive=False))
-    engine.reset()
-
-
 def generate(engine: Any, ids: list[int], gs: Any, cancel: Any = None) -> dict[str, Any]:
-    steps = []
-    fin = None
-    for ev in engine.generate(ids, gs, cancel=cancel):
-        kind = type(ev).__name__
-        if kind == "Step":
-            steps.append(ev)
-        elif kind == "Finished":
-            fin = ev
-    assert fin is not None
-    drafters: dict[str, int] = defaultdict(int)
-    for s in steps:
-        drafters[s.drafter.value] += 1
-    return {
-        "stats": fin.stats.to_dict(),
-        "tokens": list(fin.tokens),
-        "text": fin.text,
-        "finish": fin.reason,
-        "mean_k": sum(s.k for s in steps) / max(1, len(steps)),
-        "drafters": dict(drafters),
-    }
+    return reply_record(*collect(engine.generate(ids, gs, cancel=cancel)))
 
 
 class OthersCpu:
@@ -452,10 +410,7 @@ def compare(engine: Any, ids: list[int], plain: list[int], r: dict[str, Any], is
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    names = [m for m in args.modes.split(",") if m]
-    unknown = [m for m in names if m not in MODES]
-    if unknown:
-        raise SystemExit(f"unknown modes: {', '.join(unknown)} (choose from {', '.join(MODES)})")
+    names = [m.name for m in parse_modes(args.modes)]
     if "plain" not in names:
         raise SystemExit("--modes must include plain: its replies are the history every mode answers")
     if args.repeats < 1:
@@ -524,7 +479,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     t0 = time.perf_counter()
                     engines = open_engines(args, modes, folder)
                     for e in {id(e): e for e in engines.values()}.values():
-                        warm_up(e, conversations)
+                        warm_up(
+                            e,
+                            e.chat_prompt([{"role": "user", "content": conversations[0]["turns"][0]}]),
+                            modes,
+                        )
                     load = {"repeat": r, "pass": pass_no, "load_seconds": round(time.perf_counter() - t0, 2)}
                     if folder is not None:
                         load["history_before"] = history_info(engines["auto-history"])
@@ -620,7 +579,25 @@ def summarize(data: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
         for label, v in modes.items():
             base = modes.get(mode_label("plain", 2 if label.endswith("(pass 2)") else 1), {}).get("tok_s")
             v["speedup"] = v["tok_s"] / base if base else float("nan")
+        best = best_fixed({label: v["tok_s"] for label, v in modes.items() if "(pass" not in label})
+        for label, v in modes.items():
+            if best is not None and best[1] and not MODES[label.split(" ")[0]].fixed:
+                v["best_fixed"], v["vs_best"] = best[0], v["tok_s"] / best[1]
     return dict(out)
+
+
+def best_fixed_lines(summary: dict[str, dict[str, dict[str, Any]]], groups: Sequence[str]) -> list[str]:
+    """Per group, each auto mode's ratio to the best fixed setting of the run (first pass)."""
+    out = []
+    for g in groups:
+        for label, v in summary.get(g, {}).items():
+            if "best_fixed" in v:
+                best = summary[g][v["best_fixed"]]
+                out.append(
+                    f"{g}: {label} {v['speedup']:.2f}x of plain, {v['vs_best']:.2f}x of the best fixed "
+                    f"setting ({v['best_fixed']}, {best['speedup']:.2f}x of plain)"
+                )
+    return out
 
 
 def _spread_cell(s: dict[str, float]) -> str:
@@ -719,6 +696,10 @@ def main(args: argparse.Namespace) -> int:
     kinds = sorted({r["kind"] for r in data["runs"]})
     print("\nBy kind:\n")
     print(markdown_table(data["summary"], [f"{k}/{c}" for k in kinds for c in ("first", "revision")]))
+    lines = best_fixed_lines(data["summary"], ["first", "revision", "all"])
+    if lines:
+        print("\nAgainst the best fixed setting of the run:\n")
+        print("\n".join(lines))
     for line in second_pass_check(data["summary"]):
         print(line)
     if "history_timing" in data:

@@ -20,41 +20,29 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from app.engine.auto import LOOKUP_MAX
+from bench.modes import FIXED, MODES, best_fixed, collect, parse_modes, reply_record, warm_up
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PROMPTS = Path(__file__).with_name("prompts.jsonl")
 
 
-@dataclass(frozen=True)
-class Mode:
-    name: str
-    mode: str
-    n_max: int = 8
-    adaptive: bool = True
-
-
-MODES = {
-    "plain": Mode("plain", "plain"),
-    "spec3": Mode("spec3", "speculative", 3, False),
-    "spec5": Mode("spec5", "speculative", 5, False),
-    "spec8": Mode("spec8", "speculative", 8, False),
-    "adaptive": Mode("adaptive", "speculative", 8, True),
-    "lookup": Mode("lookup", "lookup", 8, True),
-    "auto": Mode("auto", "auto", 8, True),
-}
-DEFAULT_MODES = "plain,spec3,spec5,spec8,lookup,auto"
+# plain, the fixed draft lengths of bench.modes.SPEC_N, lookup and auto: auto held to the best of the rest
+DEFAULT_MODES = "plain,spec,lookup,auto"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True, help="target GGUF")
     p.add_argument("--draft", help="draft GGUF (speculative and auto modes)")
     p.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS, help="JSONL: id, category, prompt")
-    p.add_argument("--modes", default=DEFAULT_MODES, help=f"comma-separated, from: {', '.join(MODES)}")
+    p.add_argument(
+        "--modes",
+        default=DEFAULT_MODES,
+        help=f"comma-separated, from: {', '.join(MODES)}; spec: spec1-4,6,8 (default {DEFAULT_MODES})",
+    )
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--ctx", type=int, default=4096)
     p.add_argument("--threads", type=int, default=None)
@@ -67,6 +55,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=0,
         help="start the prompts this many rows further into the balanced orders of the modes: give each "
         "run of a series its own (0, 1, 2, ...) so that a prompt runs its modes in another order each time",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="run the prompt set this many times, each prompt in another order of the modes each time; "
+        "per category the speedups' range over repeats is reported",
     )
     p.add_argument("--out", type=Path, default=None, help="JSON results (default bench/results/<time>.json)")
     p.add_argument(
@@ -117,10 +112,10 @@ def machine() -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from app.engine.engine import Engine, GenerationSettings, LoadSettings
+    from app.engine.engine import Engine, LoadSettings
     from app.engine.settings import parse_gpu_layers
 
-    modes = [MODES[m] for m in args.modes.split(",") if m]
+    modes = parse_modes(args.modes, [m for m in MODES if not MODES[m].history])
     if any(m.mode == "speculative" for m in modes) and not args.draft:
         raise SystemExit("speculative modes need --draft (or choose --modes plain,lookup,auto)")
     prompts = load_prompts(args.prompts, args.limit, args.categories)
@@ -136,8 +131,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     t_load = time.perf_counter() - t0
     results: list[dict[str, Any]] = []
     try:
-        warm_up(engine, prompts, modes)
-        for i, row in enumerate(prompts):
+        if prompts:
+            warm_up(engine, engine.chat_prompt([{"role": "user", "content": prompts[0]["prompt"]}]), modes)
+        work = [(rep, row) for rep in range(args.repeats) for row in prompts]
+        for i, (rep, row) in enumerate(work):
             ids = engine.chat_prompt([{"role": "user", "content": row["prompt"]}])
             order = balanced_order([*modes, *(LCPP_MODES if args.llama_cpp else [])], i + args.shift)
             plain_tokens = None
@@ -148,27 +145,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     runs[m] = run_llama_cpp(args.llama_cpp, args, text, LCPP_MODES[m])
                     continue
                 engine.reset()
-                gs = GenerationSettings(
-                    mode=m.mode, max_tokens=args.max_tokens, n_max=m.n_max, adaptive=m.adaptive
-                )
-                steps = []
-                fin = None
-                for ev in engine.generate(ids, gs):
-                    kind = type(ev).__name__
-                    if kind == "Step":
-                        steps.append(ev)
-                    elif kind == "Finished":
-                        fin = ev
-                assert fin is not None
-                runs[m.name] = {
-                    "stats": fin.stats.to_dict(),
-                    "tokens": list(fin.tokens),
-                    "finish": fin.reason,
-                    "mean_k": sum(s.k for s in steps) / max(1, len(steps)),
-                    "drafters": dict(_count(s.drafter.value for s in steps)),
-                }
+                runs[m.name] = reply_record(*collect(engine.generate(ids, m.settings(args.max_tokens))))
+                runs[m.name].pop("text")
                 if m.name == "plain":
-                    plain_tokens = list(fin.tokens)
+                    plain_tokens = runs["plain"]["tokens"]
                     runs["plain"]["lookup_bound"] = lookup_bound(ids, plain_tokens, engine.costs.ratio)
             for name, r in runs.items():
                 comparable = plain_tokens is not None and name not in LCPP_MODES
@@ -186,10 +166,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     r["top2_gap_at_difference"] = engine.top2_gap(ids + plain_tokens[:j])
                 place = next(j for j, m in enumerate(order) if getattr(m, "name", m) == name)
                 results.append(
-                    {"id": row["id"], "category": row["category"], "mode": name, "position": place, **r}
+                    {
+                        "id": row["id"],
+                        "category": row["category"],
+                        "mode": name,
+                        "position": place,
+                        "repeat": rep,
+                        **r,
+                    }
                 )
             line = "  ".join(f"{n}={r['stats']['decode_tokens_per_second']:.1f}" for n, r in runs.items())
-            print(f"[{i + 1}/{len(prompts)}] {row['id']} {row['category']}: {line} tok/s", file=sys.stderr)
+            print(
+                f"[{i + 1}/{len(work)}] {row['id']} {row['category']}: {line} tok/s (load {load_average()})",
+                file=sys.stderr,
+                flush=True,
+            )
         verify_ratios = recorded_ratios(engine.costs)  # what auto mode had measured by the end
     finally:
         engine.close()
@@ -206,10 +197,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "prompts": str(args.prompts),
             "load_seconds": round(t_load, 2),
             "shift": args.shift,
+            "repeats": args.repeats,
+            "load_average_after": load_average(),
             "verify_ratios": verify_ratios,  # batches of 1 to LOOKUP_MAX + 1, in steps (for bench.replay)
         },
         "runs": results,
     }
+
+
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages, as ``uptime`` prints them ("-" where there are none)."""
+    try:
+        return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "-"
 
 
 def recorded_ratios(costs: Any) -> list[float] | None:
@@ -264,22 +265,6 @@ def balanced_order(items: list[Any], row: int) -> list[Any]:
     return [items[x] for x in rows[row % len(rows)]]
 
 
-def warm_up(engine: Any, prompts: list[dict[str, str]], modes: list[Mode]) -> None:
-    """One short, untimed reply per model before measuring: the first replies after a load run slowly
-    (pages of the weights still being faulted in, caches cold) and would penalize whichever mode the
-    order puts first."""
-    from app.engine.engine import GenerationSettings
-
-    if not prompts:
-        return
-    ids = engine.chat_prompt([{"role": "user", "content": prompts[0]["prompt"]}])
-    kinds = {"plain"} | {m.mode for m in modes if m.mode == "speculative"}
-    for mode in sorted(kinds):
-        engine.reset()
-        engine.run(ids, GenerationSettings(mode=mode, max_tokens=16, n_max=3, adaptive=False))
-    engine.reset()
-
-
 TIE_GAP = 0.5  # logits: a first difference where the target's top two are closer is a numerical tie
 LCPP_MODES = {"lcpp-spec3": 3, "lcpp-spec5": 5}
 _FLOAT = r"([0-9.]+)"
@@ -311,13 +296,6 @@ def run_llama_cpp(bin_dir: Path, args: argparse.Namespace, prompt_text: str, n_m
         },
         "tokens": [], "finish": "", "mean_k": float(n_max), "drafters": {"llama.cpp": 1},
     }  # fmt: skip
-
-
-def _count(items):
-    out: dict[str, int] = defaultdict(int)
-    for x in items:
-        out[x] += 1
-    return out
 
 
 def summarize(data: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
@@ -354,7 +332,49 @@ def summarize(data: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
         base = modes.get("plain", {}).get("tok_s")
         for v in modes.values():
             v["speedup"] = v["tok_s"] / base if base else float("nan")
+    for cat, spread in repeat_spread(data).items():
+        for mode, values in spread.items():
+            out[cat][mode].update(values)
     return dict(out)
+
+
+def _pooled(rs: list[dict[str, Any]]) -> float:
+    t = sum(r["stats"]["t_decode_s"] for r in rs)
+    return sum(r["stats"]["n_generated"] for r in rs) / t if t else 0.0
+
+
+def repeat_spread(data: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per category (and "all") and mode: the best fixed setting of the run (pooled over repeats,
+    ``best_fixed``), each mode's ratio to it (``vs_best``), and the range over repeats of the speedup
+    over plain and of the ratio to that setting (each repeat pooled on its own)."""
+    groups: dict[tuple[str, str, int], list[dict[str, Any]]] = defaultdict(list)
+    for r in data["runs"]:
+        for cat in (r["category"], "all"):
+            groups[(cat, r["mode"], r.get("repeat", 0))].append(r)
+    speeds: dict[str, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
+    for (cat, mode, rep), rs in groups.items():
+        speeds[cat][mode][rep] = _pooled(rs)
+    out: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for cat, modes in speeds.items():
+        pooled = {
+            m: _pooled([r for (c, mm, _), rs in groups.items() if (c, mm) == (cat, m) for r in rs])
+            for m in modes
+        }
+        best = best_fixed(pooled)
+        for mode, per in modes.items():
+            v: dict[str, Any] = {}
+            plain = modes.get("plain", {})
+            ups = [x / plain[rep] for rep, x in per.items() if plain.get(rep)]
+            if ups:
+                v["speedup_range"] = [min(ups), max(ups)]
+            if best is not None:
+                v["best_fixed"] = best[0]
+                v["vs_best"] = pooled[mode] / best[1] if best[1] else float("nan")
+                ref = modes[best[0]]
+                ratios = [x / ref[rep] for rep, x in per.items() if ref.get(rep)]
+                v["vs_best_range"] = [min(ratios), max(ratios)]
+            out[cat][mode] = v
+    return out
 
 
 def print_tables(summary: dict[str, dict[str, dict[str, float]]], modes: list[str]) -> None:
@@ -408,6 +428,34 @@ def markdown_tables(summary: dict[str, dict[str, dict[str, float]]], modes: list
         lines.append(
             f"| {m} | {v['tok_s']:.2f} | {v['speedup']:.2f}x | {v['acceptance']:.0%} "
             f"| {v['mean_accepted']:.2f} | {v['mean_k']:.2f} | {v['python_share'] * 100:.1f}% | {same} |"
+        )
+    return "\n".join(lines)
+
+
+def best_fixed_table(summary: dict[str, dict[str, dict[str, Any]]], mode: str = "auto") -> str:
+    """Markdown: per category, the run's best fixed setting and its speedup over plain, ``mode``'s
+    speedup, and ``mode``'s ratio to the best fixed setting (ranges over repeats in brackets)."""
+    cats = [*sorted(c for c in summary if c != "all"), "all"]
+    lines = [
+        f"| category | best fixed setting | its speedup | {mode} speedup | {mode} / best fixed |",
+        "|---|---|---|---|---|",
+    ]
+
+    def cell(v: dict[str, Any], key: str, spread: str) -> str:
+        text = f"{v[key]:.2f}x"
+        if spread in v and v[spread][0] != v[spread][1]:
+            text += f" ({v[spread][0]:.2f}-{v[spread][1]:.2f})"
+        return text
+
+    for cat in cats:
+        row = summary[cat]
+        v = row.get(mode)
+        if not v or "best_fixed" not in v:
+            continue
+        best = row[v["best_fixed"]]
+        lines.append(
+            f"| {cat} | {v['best_fixed']} | {cell(best, 'speedup', 'speedup_range')} "
+            f"| {cell(v, 'speedup', 'speedup_range')} | {cell(v, 'vs_best', 'vs_best_range')} |"
         )
     return "\n".join(lines)
 
@@ -486,6 +534,10 @@ def main(args: argparse.Namespace) -> int:
     modes = data["settings"]["modes"]
     print_tables(data["summary"], modes)
     print(markdown_tables(data["summary"], modes))
+    for mode in ("auto", "adaptive"):
+        if mode in modes and any(m in modes for m in FIXED):
+            print(f"\n{mode} against the best fixed setting of the run, per category:\n")
+            print(best_fixed_table(data["summary"], mode))
     if not args.no_rss:
         data["peak_rss_mb"] = peak_rss(args)
         print("peak RSS (MB):", json.dumps({k: round(v) for k, v in data["peak_rss_mb"].items()}))
