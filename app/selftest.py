@@ -89,7 +89,8 @@ def _describe_gpu(info: EngineInfo) -> str:
         o = used[0]
         kind = {"IGPU": ", integrated", "software": ", software renderer"}.get(o.device_kind, "")
         return f"{o.backend}: {o.device or '?'}{kind}"
-    return f"none, the models run on the CPU ({info.placement().removeprefix('CPU only (').rstrip(')')})"
+    why = info.placement().removeprefix("CPU only (").removesuffix(")")  # one paren: the reason may hold some
+    return f"none, the models run on the CPU ({why})"
 
 
 def run_self_test(

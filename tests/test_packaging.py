@@ -197,6 +197,17 @@ def test_self_test_in_process_passes_and_prints_figures():
     assert elapsed < 15, f"self-test took {elapsed:.1f} s"
 
 
+def test_self_test_gpu_line_keeps_the_reasons_parentheses():
+    from app.engine.info import Device, EngineInfo, ModelInfo, Offload
+    from app.selftest import _describe_gpu
+
+    model = ModelInfo("t.gguf", "tiny", 1, 1, 2, 8, Offload(0, 0, 3, "CPU"), 1)
+    why = "this build has Vulkan, but Vulkan found no GPU (no Vulkan driver, or only a software renderer)"
+    cpu = (Device("CPU", "CPU", "CPU", 0, 0),)
+    info = EngineInfo("CPU", cpu, 512, model, gpu_offload=True, offload_note=why)
+    assert _describe_gpu(info) == f"none, the models run on the CPU ({why})"
+
+
 def test_self_test_reports_missing_models(monkeypatch, tmp_path):
     import app.selftest as selftest
 
