@@ -345,6 +345,10 @@ def _draw(t: _T, rng: np.random.Generator) -> np.ndarray:
         return rng.standard_normal(shape, dtype=np.float32) * np.float32(0.1)
     if t.init in ("ones", "zeros"):
         return np.full(shape, 1.0 if t.init == "ones" else 0.0, dtype=np.float32)
+    if t.init == "eh":  # an MTP block's input projection: mostly the token's own embedding
+        return np.hstack(
+            [np.eye(shape[0], dtype=np.float32), 0.1 * _draw(t._replace(init="mat"), rng)[:, shape[0] :]]
+        )
     if t.init == "a":  # -exp(A_log) with A in [1, 16], as Mamba2 and Gated DeltaNet initialise it
         return -rng.uniform(1.0, 16.0, shape).astype(np.float32)
     if t.init == "dt_bias":  # softplus(dt_bias) = dt, log-uniform in [0.001, 0.1]
@@ -379,8 +383,10 @@ def write_tiny_model(
     quant: Quant = "F32",
     shape: Mapping[str, Any] | None = None,
     name: str | None = None,
+    mtp: int = 0,
 ) -> Path:
     """Write a GGUF of architecture ``arch`` with random weights to ``path`` and return the path.
+    ``mtp``: multi-token-prediction blocks after the trunk (:mod:`app.tiny_mtp`).
 
     ``shape`` overrides hyperparameters of :data:`DEFAULT_SHAPES` (see :func:`model_shape`), e.g.
     :data:`QWEN35_2B_SHAPE`; an ``n_vocab`` above 509 pads the vocabulary with tokens ``<padN>``.
@@ -405,6 +411,10 @@ def write_tiny_model(
         raise ValueError(f"quant must be one of {', '.join(_FILE_TYPES)}, not {quant!r}")
     s = model_shape(arch, shape)
     kv, tensors = _plan(arch, s)
+    if mtp:
+        from app.tiny_mtp import add_mtp_blocks
+
+        add_mtp_blocks(arch, s, mtp, kv, tensors)
     n_params = sum(int(np.prod(t.ne)) for t in tensors)
     if quant == "F32" and n_params > 1 << 28:
         raise ValueError(f"{n_params:,} parameters in F32: give quant='Q4_0' or 'Q8_0' for a model this big")

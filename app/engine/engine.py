@@ -49,6 +49,7 @@ from app.gguf.meta import GGUFError, read_metadata_file
 from app.gguf.split import first_part, missing_parts, split_info
 
 if TYPE_CHECKING:
+    from app.engine.drafting.mtp import MtpDrafter
     from app.engine.grammar import Grammar, Vocabulary
     from app.engine.keeper import HistoryKeeper
 
@@ -120,6 +121,7 @@ class Engine:
         # auto mode's cost measurements belong to this loaded pair on this machine: keep them
         self.costs: CostModel = costs or MeasuredCosts()
         self._auto: dict[int, AutoDrafter] = {}
+        self._mtp_drafter: MtpDrafter | None = None  # made on first use of mode "mtp"
         if costs is None:
             self._warm_up()
         template = self.target.chat_template()
@@ -178,7 +180,8 @@ class Engine:
 
         def load(n: int) -> tuple[Model, Context]:
             report = (lambda f: progress(stage, f)) if progress else None
-            model = Model(path, n_gpu_layers=n, progress=report, gpus=self.plan.gpus)
+            mtp = stage == "target"  # its multi-token-prediction heads, where the file has them
+            model = Model(path, n_gpu_layers=n, progress=report, gpus=self.plan.gpus, load_mtp=mtp)
             try:
                 return model, self._context(model, n_ctx, draft=stage == "draft")
             except BaseException:
@@ -336,6 +339,8 @@ class Engine:
             return None
         if gs.mode == "lookup":
             return LookupDrafter(stops=self.target.control_tokens)
+        if gs.mode == "mtp":
+            return self._mtp(gs)
         if gs.mode == "auto":
             if gs.n_max not in self._auto:
                 self._auto[gs.n_max] = AutoDrafter(
@@ -352,6 +357,20 @@ class Engine:
             raise EngineError("speculative mode needs a draft model: load one, or use mode 'lookup'")
         self._model_drafter.p_min = gs.p_min
         return self._model_drafter
+
+    def _mtp(self, gs: GenerationSettings) -> Drafter:
+        """The target's own MTP head (its context made on first use)."""
+        if self.target.n_layer_nextn <= 0:
+            raise EngineError(
+                "mode 'mtp' needs a model with multi-token-prediction layers; this one has none"
+            )
+        if self._mtp_drafter is None:
+            from app.engine.drafting.mtp import MtpDrafter
+
+            self._mtp_drafter = MtpDrafter(self._target_ctx, n_threads=self.settings.n_threads)
+            self._cache.rollback(0)  # the text cached so far left no hidden states: evaluate it again
+        self._mtp_drafter.p_min = gs.p_min
+        return self._mtp_drafter
 
     def generate(
         self,
@@ -422,8 +441,9 @@ class Engine:
     def reset(self) -> None:
         """Forget all cached context: the next request evaluates its whole prompt."""
         self._cache.rollback(0)
-        if self._model_drafter is not None:
-            self._model_drafter.reset()
+        for drafter in (self._model_drafter, getattr(self, "_mtp_drafter", None)):
+            if drafter is not None:
+                drafter.reset()
 
     def run(self, prompt: Sequence[int], settings: GenerationSettings | None = None) -> Finished:
         """Generate to the end and return the ``Finished`` event."""
@@ -464,6 +484,7 @@ class Engine:
         if keeper is not None:
             keeper.close()
         for obj in (
+            getattr(self, "_mtp_drafter", None),
             getattr(self, "_draft_ctx", None),
             getattr(self, "draft", None),
             getattr(self, "_target_ctx", None),

@@ -13,6 +13,7 @@ class Source(str, Enum):
     MODEL = "model"  # the draft model
     LOOKUP = "lookup"  # prompt lookup: a copy of earlier text
     HISTORY = "history"  # a copy from the user's earlier conversations
+    MTP = "mtp"  # the target's own multi-token-prediction head
 
 
 class Action(str, Enum):

@@ -142,13 +142,16 @@ class Model:
         use_mmap: bool = True,
         progress: Callable[[float], bool | None] | None = None,
         gpus: Sequence[str] | None = None,
+        load_mtp: bool = False,
     ):
         """Load ``path``. ``progress(fraction)`` is called while loading; returning False cancels.
-        ``gpus``: the ggml devices llama.cpp may use (None: its own choice; empty: none at all)."""
+        ``gpus``: the ggml devices llama.cpp may use (None: its own choice; empty: none at all);
+        ``load_mtp``: also load the multi-token-prediction layers (where the file has them)."""
         init_backend()
         self.path = check_model_file(path)
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = int(n_gpu_layers)
+        params.load_mtp = bool(load_mtp)
         if gpus is not None:
             self._gpus = device_list(gpus)  # read during the load
             params.devices = ctypes.addressof(self._gpus)
@@ -180,6 +183,9 @@ class Model:
         self.n_layer: int = llama_cpp.llama_model_n_layer(handle)
         self.n_ctx_train: int = llama_cpp.llama_model_n_ctx_train(handle)
         self.n_embd: int = llama_cpp.llama_model_n_embd(handle)
+        self.n_embd_out: int = llama_cpp.llama_model_n_embd_out(handle)
+        # multi-token-prediction heads after the trunk (loaded only with ``load_mtp``)
+        self.n_layer_nextn: int = llama_cpp.llama_model_n_layer_nextn(handle) if load_mtp else 0
         self.size_bytes: int = llama_cpp.llama_model_size(handle)
         self.n_params: int = llama_cpp.llama_model_n_params(handle)
         self.bos: int = llama_cpp.llama_vocab_bos(self._vocab)
@@ -359,6 +365,9 @@ class Context:
         self.swa_full: bool = bool(swa_full) and model.n_swa > 0
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self._n_out = 0  # outputs (logit rows) of the last decode
+        # called after each batch llama.cpp evaluated, with its tokens and first position (the MTP
+        # drafter reads the target's hidden states there)
+        self.on_decode: Callable[[Sequence[int], int], None] | None = None
         self._states: dict[int, tuple[ctypes.Array[ctypes.c_uint8], int]] = {}  # saved states, by slot
         self.n_vocab = model.n_vocab
 
@@ -401,6 +410,8 @@ class Context:
                     raise ContextFullError(f"no KV slot for {len(chunk)} tokens at position {pos0 + start}")
                 raise DecodeError(f"llama_decode failed with code {rc}")
             self._n_out = n_out
+            if self.on_decode is not None:
+                self.on_decode(tokens[chunk.start : chunk.stop], pos0 + start)
         return self._n_out
 
     def logits(self, i: int) -> np.ndarray:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from app.engine.errors import ConstraintError, EngineError
 from app.engine.sampling import SamplingParams
 
-MODES = ("auto", "speculative", "plain", "lookup")
+MODES = ("auto", "speculative", "plain", "lookup", "mtp")
 CONSTRAINT_KINDS = ("json_object", "json_schema", "gbnf")
 
 

@@ -11,6 +11,7 @@ SOURCE_NAMES = {
     Source.MODEL: "the draft model",
     Source.LOOKUP: "prompt lookup",
     Source.HISTORY: "your earlier conversations",
+    Source.MTP: "the model's own MTP head",
     Source.NONE: "nothing",
 }
 COPY_NAMES = {Source.LOOKUP: "prompt lookup", Source.HISTORY: "history"}

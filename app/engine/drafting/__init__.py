@@ -6,3 +6,4 @@ from app.engine.drafting.lookup import LookupDrafter
 from app.engine.drafting.model import ModelDrafter
 
 __all__ = ["EMPTY", "Drafter", "LookupDrafter", "ModelDrafter", "Outcome", "Proposal", "common_prefix"]
+# MtpDrafter (drafting.mtp) is imported where it is used: it needs llama_cpp's experimental bindings

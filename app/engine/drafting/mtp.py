@@ -1,0 +1,188 @@
+"""The MTP drafter: the target's own multi-token-prediction head drafts, from the target's hidden state.
+
+No second model: the head's layers load with the target (``Model(load_mtp=True)``) and run in an MTP
+context (:class:`app.engine.llama_mtp.MtpContext`). The protocol is llama.cpp's ``draft-mtp``: the head
+holds, at position ``p``, the pair (the target's hidden state after token ``p-1``, token ``p``); its
+output at ``p`` predicts token ``p+1``, and its own hidden state there chains into the next step.
+
+Staying in step: every batch the target evaluates (prompt, verification, replays after a rollback)
+passes through ``Context.on_decode``, where the target's hidden state of each position is kept (a new
+batch at ``pos0`` replaces what was kept from ``pos0`` on, as the target's memory was cut there). The
+head's memory holds pairs only for positions whose token and hidden state the target confirmed; each
+round cuts it to the prefix it shares with the accepted text (whatever was rejected, cancelled or
+drafted after it goes), then evaluates the missing pairs and the pending token in one batch, whose
+logits give the first draft token. A position whose hidden state is unknown (a new request that parts
+from the cached text there) is paired with zeros, as llama.cpp pairs a prompt's first token: drafts
+may be worse, never the output (the target verifies every token).
+
+A model with several heads (Step-3.5's chained heads) is not drafted here yet: the first head alone
+drafts, chained on itself, as for Qwen3.5/3.6's single head.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from app.engine import sampling
+from app.engine.drafting.base import EMPTY, Outcome, Proposal, common_prefix
+from app.engine.events import Source
+from app.engine.llama_mtp import MtpContext, hidden_rows, output_hidden
+from app.engine.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from app.engine.grammar import Grammar
+    from app.engine.llama import Context
+
+
+class MtpDrafter:
+    """Drafts with the target's multi-token-prediction head, chained from the target's hidden state."""
+
+    name = "mtp"
+    wants_target_confidence = 0
+    target_confidence_floor = 0.0
+
+    def __init__(self, target: Context, *, p_min: float = 0.0, n_threads: int | None = None):
+        self.target = target
+        self.mtp = MtpContext(target, n_batch=target.n_batch, n_threads=n_threads)
+        self.p_min = p_min
+        self.held: list[int] = []  # the tokens whose pairs the head's memory holds, position by position
+        # the target's hidden state after each position it holds (float16: half the memory; the head
+        # normalises it first) and the token there; positions from ``_n`` on are unknown
+        self._h = np.zeros((0, self.mtp.n_embd), dtype=np.float16)
+        self._tok = np.zeros(0, dtype=np.int64)
+        self._n = 0
+        self.unpaired = 0  # positions paired with zeros, their hidden state unknown (for tests, reports)
+        output_hidden(target)
+        target.on_decode = self._seen
+
+    # -- the target's hidden states -----------------------------------------------------------------
+    def _seen(self, tokens: Sequence[int], pos0: int) -> None:
+        """A batch the target evaluated: keep each position's token and hidden state."""
+        end = pos0 + len(tokens)
+        if end > len(self._tok):  # grow by doubling (at most the context's size)
+            cap = min(max(end, 2 * len(self._tok), 256), max(end, self.target.n_ctx))
+            self._h = np.resize(self._h, (cap, self.mtp.n_embd))
+            self._tok = np.resize(self._tok, cap)
+        self._tok[self._n : pos0] = -1  # skipped positions: unknown
+        self._h[pos0:end] = hidden_rows(self.target, len(tokens), self.mtp.n_embd)
+        self._tok[pos0:end] = tokens
+        self._n = end
+
+    def _hidden(self, tokens: Sequence[int], positions: range) -> np.ndarray:
+        """The target's hidden state after each of ``positions`` of ``tokens`` (zeros where unknown)."""
+        out = np.zeros((len(positions), self.mtp.n_embd), dtype=np.float32)
+        lo, hi = max(0, positions.start), min(positions.stop, self._n)
+        if hi > lo:
+            ok = self._tok[lo:hi] == np.asarray(tokens[lo:hi])
+            out[lo - positions.start : hi - positions.start][ok] = self._h[lo:hi][ok]
+            self.unpaired += int((~ok).sum())
+        self.unpaired += max(0, positions.stop - max(hi, lo))
+        return out
+
+    def _catch_up(self, tokens: Sequence[int], n: int, *, logits: bool) -> int:
+        """Hold the pairs of ``tokens[:n]``: cut the head's memory to the prefix it shares with them
+        and evaluate the rest; returns how many it evaluated."""
+        keep = common_prefix(self.held, tokens[:n])
+        self.mtp.remove(keep)  # also the positions the last draft chained
+        del self.held[keep:]
+        if keep == n and not logits:
+            return 0
+        if keep == n:  # the last pair again, for its logits
+            keep = n - 1
+            self.mtp.remove(keep)
+            del self.held[keep:]
+        self.mtp.decode(tokens[keep:n], keep, self._hidden(tokens, range(keep - 1, n - 1)), logits=logits)
+        self.held.extend(tokens[keep:n])
+        return n - keep
+
+    # -- the Drafter protocol -------------------------------------------------------------------------
+    def begin(self, prompt: Sequence[int]) -> float:
+        """The prompt's pairs (all but the pending token's), while the prompt is being processed."""
+        t0 = time.perf_counter()
+        if len(prompt) > 1:
+            self._catch_up(prompt, len(prompt) - 1, logits=False)
+        return time.perf_counter() - t0
+
+    def propose(
+        self,
+        tokens: Sequence[int],
+        k: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        *,
+        grammar: Grammar | None = None,
+    ) -> Proposal:
+        """Up to ``k`` tokens after ``tokens`` (the last one pending: the target has not evaluated it).
+        Greedy: the head's argmax (a point mass); sampling: drawn from the head's distribution under
+        the same settings, which verification gets as ``q`` (exact rejection sampling)."""
+        if k <= 0 or len(tokens) < 2:
+            return EMPTY
+        t0 = time.perf_counter()
+        n_sync = self._catch_up(tokens, len(tokens), logits=True)
+        t_sync = time.perf_counter() - t0
+        t_steps, n_steps = 0.0, 0
+        ids: list[int] = []
+        qs: list[np.ndarray | None] = []
+        conf: list[float] = []
+        history = list(tokens)
+        walk = grammar.fork() if grammar is not None else None
+        for j in range(k):
+            logits = self.mtp.logits()
+            if params.greedy:
+                x = sampling.penalized(logits, history, params)
+                if walk is not None and not walk.allows(int(x.argmax())):
+                    x = sampling.masked(x, walk)
+                c = sampling.top_probability(x)
+                if c < self.p_min:
+                    break
+                tok, q = int(x.argmax()), None
+            else:
+                q = sampling.distribution(logits, history, params, walk)
+                if float(q.max()) < self.p_min:
+                    break
+                tok = sampling.sample(q, rng)
+                c = float(q[tok])
+            ids.append(tok)
+            qs.append(q)
+            conf.append(c)
+            history.append(tok)
+            if walk is not None and (not walk.advance(tok) or walk.done):
+                break
+            if j == k - 1:
+                break
+            t1 = time.perf_counter()
+            # the head's own hidden state chains: the pair (h', token) at the next position
+            self.mtp.decode([tok], len(tokens) + j, self.mtp.hidden()[None, :])
+            t_steps += time.perf_counter() - t1
+            n_steps += 1
+        dt = time.perf_counter() - t0
+        return Proposal(
+            tuple(ids),
+            tuple(qs),
+            tuple(conf),
+            Source.MTP,
+            dt,
+            t_sync + t_steps,
+            n_steps,
+            t_steps,
+            n_sync=n_sync,
+            t_sync=t_sync,
+        )
+
+    def observe(self, proposal: Proposal, outcome: Outcome) -> None:
+        pass  # the next round finds the accepted text in ``tokens`` and the target's hidden states
+
+    def reset(self) -> None:
+        """Forget the head's memory and the kept hidden states."""
+        self.mtp.clear()
+        self.held.clear()
+        self._n = 0
+
+    def close(self) -> None:
+        if self.target.on_decode == self._seen:
+            self.target.on_decode = None
+        self.mtp.close()

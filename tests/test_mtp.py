@@ -1,0 +1,128 @@
+"""Multi-token-prediction drafting: a tiny Qwen3.5 with an MTP block, loaded by the real llama.cpp."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+import pytest
+from llama_cpp import llama_cpp_ext
+
+from app.engine.engine import Engine
+from app.engine.errors import EngineError
+from app.engine.events import Finished, Source, Step
+from app.engine.llama_mtp import PARAMS, SYMBOLS
+from app.engine.sampling import SamplingParams
+from app.engine.settings import GenerationSettings, LoadSettings
+from app.tiny_arch import write_tiny_model
+
+PROMPTS = (
+    "Once upon a time there was a cat who",
+    "def fib(n):\n    return",
+    "The list of colours: red, green, blue, red, green,",
+)
+
+
+@pytest.fixture(scope="module")
+def mtp_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("mtp") / "tiny-qwen35-mtp.gguf", "qwen35", mtp=1)
+
+
+@pytest.fixture(scope="module")
+def engine(mtp_target: Path):
+    with Engine(LoadSettings(target=str(mtp_target), n_ctx=1024, n_threads=1)) as eng:
+        yield eng
+
+
+def test_the_bindings_mtp_drafting_calls_exist() -> None:
+    """An upgrade of llama-cpp-python that drops or renames one fails here, not in a user's chat."""
+    modules = {"llama_cpp": llama_cpp, "llama_cpp_ext": llama_cpp_ext}
+    for module, names in SYMBOLS.items():
+        for name in names:
+            assert callable(getattr(modules[module], name, None)) or isinstance(
+                getattr(modules[module], name), int
+            ), f"{module}.{name}"
+    for struct, fields in PARAMS.items():
+        known = {f[0] for f in getattr(llama_cpp, struct)._fields_}
+        assert set(fields) <= known, (struct, set(fields) - known)
+
+
+def test_the_heads_load_with_the_target(engine: Engine) -> None:
+    assert engine.target.n_layer_nextn == 1
+    assert engine.target.n_layer == 4  # the trunk: llama.cpp counts the MTP block apart
+
+
+def test_greedy_mtp_equals_plain_decoding(engine: Engine) -> None:
+    drafted = accepted = 0
+    for text in PROMPTS:
+        prompt = engine.tokenize(text)
+        plain = engine.run(prompt, GenerationSettings(mode="plain", max_tokens=48))
+        for n_max, adaptive in ((1, False), (3, False), (8, True)):
+            gs = GenerationSettings(mode="mtp", max_tokens=48, n_max=n_max, adaptive=adaptive)
+            got = engine.run(prompt, gs)
+            assert got.tokens == plain.tokens, (text, n_max)
+            drafted += got.stats.n_drafted
+            accepted += got.stats.n_accepted
+    assert 0 < accepted < drafted  # both accepted and rejected drafts were exercised
+
+
+def test_mtp_steps_say_the_head_drafted(engine: Engine) -> None:
+    events = list(engine.generate(engine.tokenize(PROMPTS[0]), GenerationSettings(mode="mtp", max_tokens=12)))
+    steps = [e for e in events if isinstance(e, Step) and e.n_drafted]
+    assert steps and all(s.drafter is Source.MTP for s in steps)
+
+
+def test_sampled_mtp_output_follows_plain_sampling(engine: Engine) -> None:
+    """At temperature 1 the joint law of the first three tokens is the same with and without the head."""
+    prompt = engine.tokenize(PROMPTS[2])
+    counts = {}
+    for mode in ("plain", "mtp"):
+        c: Counter = Counter()
+        for i in range(300):
+            sp = SamplingParams(seed=i, temperature=1.0, top_k=3)
+            gs = GenerationSettings(mode=mode, sampling=sp, max_tokens=3, n_max=3, adaptive=False)
+            c[engine.run(prompt, gs).tokens] += 1
+        counts[mode] = c
+    keys = sorted(set(counts["plain"]) | set(counts["mtp"]))
+    a = np.array([counts["plain"][k] for k in keys], dtype=float)
+    b = np.array([counts["mtp"][k] for k in keys], dtype=float)
+    mask = (a + b) >= 10
+    stat = (((a - b) ** 2) / (a + b))[mask].sum()
+    dof = max(1, int(mask.sum()) - 1)
+    assert stat < 3 * dof + 15, f"chi2={stat:.1f} dof={dof}\nplain={counts['plain']}\nmtp={counts['mtp']}"
+
+
+def _rounds(events) -> list[tuple[int, int, tuple[int, ...]]]:
+    return [(e.n_drafted, e.n_accepted, e.tokens) for e in events if isinstance(e, Step)]
+
+
+def test_the_head_stays_in_step_across_rejections_cancels_and_new_requests(mtp_target: Path) -> None:
+    """After replies with rejections, a cancelled reply and a regenerated one, the head drafts a new
+    turn exactly as a freshly loaded engine does: its memory held only confirmed pairs."""
+    greedy = GenerationSettings(mode="mtp", max_tokens=32, n_max=4, adaptive=False)
+    with Engine(LoadSettings(target=str(mtp_target), n_ctx=1024, n_threads=1)) as eng:
+        first = eng.tokenize(PROMPTS[0])
+        reply = eng.run(first, greedy)
+        assert reply.stats.n_accepted < reply.stats.n_drafted  # rejections happened
+        stream = eng.generate(eng.tokenize(PROMPTS[1]), greedy)
+        for event in stream:
+            if isinstance(event, Step):
+                break
+        stream.close()  # cancelled after one round
+        again = eng.run(first, greedy)  # regenerated: the same reply
+        assert again.tokens == reply.tokens
+        turn = [*first, *reply.tokens, *eng.tokenize(" and then")]
+        seen = _rounds(eng.generate(turn, greedy))
+        assert eng._mtp_drafter is not None and eng._mtp_drafter.unpaired == 0
+    with Engine(LoadSettings(target=str(mtp_target), n_ctx=1024, n_threads=1)) as fresh:
+        assert _rounds(fresh.generate(turn, greedy)) == seen
+
+
+def test_mtp_mode_on_a_model_without_heads_says_so(tiny_pair) -> None:
+    with Engine(LoadSettings(target=str(tiny_pair.target), n_ctx=256, n_threads=1)) as eng:
+        with pytest.raises(EngineError, match="multi-token-prediction"):
+            eng.run(eng.tokenize("hi"), GenerationSettings(mode="mtp", max_tokens=4))
+        done = eng.run(eng.tokenize("hi"), GenerationSettings(mode="plain", max_tokens=4))
+        assert isinstance(done, Finished)
