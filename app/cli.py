@@ -53,11 +53,12 @@ def _add_load_args(p: argparse.ArgumentParser, *, draft_flag: bool = True) -> No
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--mode",
-        choices=("auto", "speculative", "plain", "lookup"),
+        choices=("auto", "speculative", "plain", "lookup", "mtp"),
         default="auto",
         help="auto (default): drafts with prompt lookup and the draft model only when that is measured "
         "to pay on this machine; speculative: always draft with --draft; lookup: always draft "
-        "from n-grams of the context; plain: no drafting",
+        "from n-grams of the context; mtp: always draft with the model's own multi-token-prediction "
+        "layers (Qwen3.5/3.6, GLM, MiMo, ... where the GGUF has them); plain: no drafting",
     )
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)

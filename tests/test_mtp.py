@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -126,3 +129,16 @@ def test_mtp_mode_on_a_model_without_heads_says_so(tiny_pair) -> None:
             eng.run(eng.tokenize("hi"), GenerationSettings(mode="mtp", max_tokens=4))
         done = eng.run(eng.tokenize("hi"), GenerationSettings(mode="plain", max_tokens=4))
         assert isinstance(done, Finished)
+
+
+def test_tandem_generate_mode_mtp_says_what_plain_decoding_says(mtp_target: Path, engine: Engine) -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "app", "generate", "--target", str(mtp_target), "--mode", "mtp", "--prompt",
+         PROMPTS[0], "--max-tokens", "24", "--json", "--threads", "1"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    plain = engine.run(out["prompt_tokens"], GenerationSettings(mode="plain", max_tokens=24))
+    assert out["tokens"] == list(plain.tokens)
+    assert out["stats"]["mode"] == "mtp" and out["stats"]["n_drafted"] > 0

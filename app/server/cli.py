@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", help="draft: a GGUF file or the catalog id of an installed model")
     p.add_argument(
         "--mode",
-        choices=("auto", "speculative", "lookup", "plain"),
+        choices=("auto", "speculative", "lookup", "mtp", "plain"),
         default="auto",
         help="how replies are drafted (default auto: whatever pays on this machine)",
     )
@@ -107,11 +107,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if args.mode == "speculative" and draft is None:
             raise ValueError("--mode speculative needs --draft (or use --mode lookup or auto)")
         check_model_file(target)  # a broken file is one line now, not llama.cpp's log after the port
-        if draft is not None and args.mode != "lookup":
+        if draft is not None and args.mode not in ("lookup", "mtp"):
             check_model_file(draft)
         load = LoadSettings(
             target=str(target),
-            draft=str(draft) if draft and args.mode != "lookup" else None,
+            draft=str(draft) if draft and args.mode not in ("lookup", "mtp") else None,
             n_ctx=args.ctx,
             n_threads=args.threads,
             n_gpu_layers=parse_gpu_layers(args.gpu_layers),

@@ -274,9 +274,13 @@ def describe_stats(stats: dict[str, Any]) -> str:
     if s.get("n_drafted"):
         parts.append(f"{s.get('acceptance_rate', 0) * 100:.0f}% accepted")
     parts.append(
-        {"auto": "auto", "speculative": "draft model", "lookup": "prompt lookup", "plain": "plain"}.get(
-            s.get("mode", ""), s.get("mode", "")
-        )
+        {
+            "auto": "auto",
+            "speculative": "draft model",
+            "lookup": "prompt lookup",
+            "mtp": "MTP",
+            "plain": "plain",
+        }.get(s.get("mode", ""), s.get("mode", ""))
     )
     reason = REASONS.get(stats.get("reason", ""))
     if reason:

@@ -14,7 +14,7 @@ from models_registry.fit import MIN_SPEED
 
 log = logging.getLogger("tandem.ui")
 
-DRAFT_SOURCES = ("auto", "model", "lookup")
+DRAFT_SOURCES = ("auto", "model", "lookup", "mtp")
 FILE_NAME = "settings.json"
 
 # fields that only take effect when the models are (re)loaded
@@ -26,7 +26,7 @@ class AppSettings:
     """Everything the Settings dialog edits. ``n_threads`` 0 = llama.cpp's default; ``seed`` -1 = random."""
 
     speculative: bool = True
-    draft_source: str = "auto"  # auto | model | lookup
+    draft_source: str = "auto"  # auto | model | lookup | mtp
     n_max: int = 8
     n_min: int = 1
     p_min: float = 0.0
@@ -53,7 +53,8 @@ class AppSettings:
         """The engine's generation mode for these settings."""
         if not self.speculative:
             return "plain"
-        return {"auto": "auto", "model": "speculative", "lookup": "lookup"}.get(self.draft_source, "auto")
+        sources = {"auto": "auto", "model": "speculative", "lookup": "lookup", "mtp": "mtp"}
+        return sources.get(self.draft_source, "auto")
 
     def generation(self, *, has_draft: bool = True) -> GenerationSettings:
         """Per-reply engine settings. Without a draft model, "draft model" falls back to auto mode."""

@@ -24,7 +24,12 @@ from app.ui.history_box import HistoryBox
 from app.ui.settings import AppSettings
 from app.ui.workers import EngineWorker
 
-SOURCES = (("auto", "Auto (whatever pays)"), ("model", "Draft model"), ("lookup", "Prompt lookup"))
+SOURCES = (
+    ("auto", "Auto (whatever pays)"),
+    ("model", "Draft model"),
+    ("lookup", "Prompt lookup"),
+    ("mtp", "The model's own MTP layers"),
+)
 
 
 def _spin(lo: int, hi: int, value: int, special: str = "") -> QSpinBox:
