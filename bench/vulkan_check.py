@@ -15,7 +15,8 @@
 
 Prints a line per reply; ``--json FILE`` keeps every figure. Exit 1 on a difference that is not a tie or a
 wrong placement. On lavapipe a 135M model decodes at about a token a second once Mesa's shader cache
-(``MESA_SHADER_CACHE_DIR``) is warm, so the defaults are short: 3 prompts, 32 tokens.
+(``MESA_SHADER_CACHE_DIR``, by default the tests' ``~/.cache/tandem/mesa-shader-cache``) is warm, so the
+defaults are short: 3 prompts, 32 tokens.
 """
 
 from __future__ import annotations
@@ -143,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", type=Path, default=None, help="write every figure to this file")
     args = p.parse_args(argv)
+    # the tests' shader cache: lavapipe compiles each pipeline once, minutes for a new model
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tandem" / "mesa-shader-cache"
+    os.environ.setdefault("MESA_SHADER_CACHE_DIR", str(cache))
     lines = (Path(__file__).with_name("prompts.jsonl")).read_text(encoding="utf-8").splitlines()
     prompts = [json.loads(line)["prompt"] for line in lines if line.strip()][: args.prompts]
 
