@@ -267,6 +267,54 @@ def replay_fixed(
     )
 
 
+def replay_lookup(
+    replies: Sequence[Reply], costs: TableCosts, max_tokens: int, n_max: int = 8
+) -> tuple[Result, dict[str, float]]:
+    """The same for lookup mode as the engine runs it: prompt lookup at the adaptive policy's length
+    (``n_min`` 1 to ``n_max``), a fresh policy per reply."""
+    from app.engine.drafting import LookupDrafter
+    from app.engine.policy import AdaptivePolicy
+
+    lookup = LookupDrafter(stops=replies[0].stops if replies else ())
+    policy = AdaptivePolicy(1, n_max)
+
+    def begin(r: Reply) -> None:
+        nonlocal policy
+        policy = AdaptivePolicy(1, n_max)
+        lookup.begin(r.prompt)
+
+    def propose(tokens: list[int], room: int) -> Proposal:
+        k = policy.choose(room).k
+        return lookup.propose(tokens, k, None, None) if k else EMPTY  # type: ignore[arg-type]
+
+    def observe(prop: Proposal, outcome: Any) -> None:
+        policy.observe(outcome.n_drafted, outcome.n_accepted)
+
+    return _replay(replies, costs, max_tokens, begin, propose, observe)
+
+
+def replay_plain(replies: Sequence[Reply]) -> Result:
+    """Plain decoding: one step per token."""
+    out: Result = {}
+    for r in replies:
+        n, c = out.get(r.category, (0, 0.0))
+        out[r.category] = (n + len(r.tokens), c + len(r.tokens))
+    return out
+
+
+def replay_settings(
+    replies: Sequence[Reply], costs: TableCosts, max_tokens: int, spec: Sequence[int] = tuple(range(1, 9))
+) -> dict[str, Result]:
+    """Every fixed setting a user could pick instead of auto mode (``bench.modes.FIXED``): plain,
+    speculative at each draft length of ``spec`` (with a draft model's costs), lookup."""
+    out: dict[str, Result] = {"plain": replay_plain(replies)}
+    if costs.draft is not None:
+        for k in spec:
+            out[f"spec{k}"] = replay_fixed(replies, costs, k, max_tokens)[0]
+    out["lookup"] = replay_lookup(replies, costs, max_tokens)[0]
+    return out
+
+
 def replay_bound(replies: Sequence[Reply], costs: TableCosts) -> dict[str, tuple[int, float]]:
     """The same for the all-knowing lookup policy (``bench.run.lookup_bound``)."""
     from bench.run import lookup_bound

@@ -74,6 +74,25 @@ class Acceptance:
                 self.bin_hits[b] += ok
                 self.bin_trials[b] += 1
 
+    def state(self) -> dict[str, list[float]]:
+        """The evidence, for :class:`~app.engine.auto.memory.AutoMemory`."""
+        arrays = ("hits", "trials", "bin_hits", "bin_trials")
+        return {name: [round(float(x), 4) for x in getattr(self, name)] for name in arrays}
+
+    def restore(self, state: object) -> bool:
+        """Take a saved :meth:`state`'s evidence (only if every array has this estimate's shape)."""
+        from app.engine.auto.memory import floats
+
+        if not isinstance(state, dict):
+            return False
+        arrays = {name: floats(state.get(name), len(getattr(self, name))) for name in self.state()}
+        if any(a is None for a in arrays.values()):
+            return False
+        for name, values in arrays.items():
+            getattr(self, name)[:] = values
+        self._overall = None
+        return True
+
     def relax(self, factor: float) -> None:
         """Fade the evidence toward the prior, so a pessimistic estimate is tried again in time."""
         for a in (self.hits, self.trials, self.bin_hits, self.bin_trials):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class CostModel(Protocol):
@@ -125,6 +125,33 @@ class MeasuredCosts:
         if not self._draft.n or not self._step.n:
             return None
         return self._draft.value * self._step.value
+
+    def state(self) -> dict[str, Any]:
+        """The relative costs learned, for :class:`~app.engine.auto.memory.AutoMemory`: each batch size's
+        median cost in decode steps, and the draft's step in decode steps of the target."""
+        return {
+            "ratios": {str(b): round(w.value, 4) for b, w in sorted(self._ratio.items()) if w.n},
+            "draft": round(self._draft.value, 4) if self._draft.n else None,
+        }
+
+    def restore(self, state: dict[str, Any], weight: int = 2) -> None:
+        """Start from a saved :meth:`state`: each saved figure counts as ``weight`` timings, so a single
+        timing at load that a busy machine slowed cannot move the median; live timings replace them as
+        the window fills. Figures that are not positive numbers are skipped."""
+        ratios = state.get("ratios")
+        items = list(ratios.items()) if isinstance(ratios, dict) else []
+        for key, value in [*items, ("0", state.get("draft"))]:
+            try:
+                batch, ratio = int(key), float(value)  # type: ignore[arg-type]
+            except (TypeError, ValueError):
+                continue
+            if not 0.0 < ratio < 1e4 or batch < 0 or batch == 1:
+                continue
+            window = self._draft if batch == 0 else self._ratio.setdefault(batch, Window(self.window))
+            for _ in range(weight):
+                window.add(ratio)
+        self._cache.clear()
+        self._known = None
 
     def samples(self, batch: int) -> int:
         """How many timings the estimate for a batch of ``batch`` rests on (0: interpolated)."""

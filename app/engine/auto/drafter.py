@@ -64,6 +64,7 @@ from app.engine.auto.priors import (
     RELAX,
     RELAX_EVERY,
     REPLY_MIN,
+    REPLY_WEIGHT,
     RESUME,
     RESUME_BELOW,
     RESUME_PRIOR,
@@ -202,6 +203,11 @@ class AutoDrafter:
         # in the JSON reply that follows
         for kind in self._copy_kinds:
             self._realized[kind].rounds.clear()
+        # so is the draft model: a reply explores it from its first rounds wherever the timed costs
+        # say it could pay at a plausible acceptance, and keeps it while its measured return holds
+        for c in range(len(MODEL_CLASSES)):
+            self._realized[f"model{c}"].rounds.clear()
+        self._probe_interval = self.probe_every
         self._copy_skip = dict.fromkeys(self._copy_kinds, 0)
         self._copy_every = dict.fromkeys(self._copy_kinds, 1)
         self._copy_diagonal = None
@@ -218,13 +224,14 @@ class AutoDrafter:
         return t
 
     def _model_in_play(self) -> bool:
-        """The draft model could pay on this machine and has not been losing lately."""
+        """The draft model could pay on this machine at a plausible acceptance: the best its classes
+        have shown (learned, or their priors until learned)."""
         d, v1 = self.costs.draft_step(), self.costs.verify(1)
         if self.model is None or d is None or v1 is None:
             return self.model is not None
-        if best_length(self._optimistic, self.costs, d, self.n_max, self.margin).k == 0:
-            return False
-        return not all(self._losing(f"model{c}") for c in range(len(MODEL_CLASSES)))
+        plausible = max(max(a.prior, a.overall()) for a in self.model_acc)
+        acc = Acceptance(self.n_max, prior=plausible, weight=1e12)
+        return best_length(acc, self.costs, d, self.n_max, self.margin).k > 0
 
     def propose(
         self,
@@ -266,7 +273,7 @@ class AutoDrafter:
                 found = earlier
         declined = None  # a copy prompt lookup or the history found and auto did not draft
         if found.tokens:
-            copied, declined = self._plan_copy(tokens, found, t0)
+            copied, declined = self._plan_copy(tokens, found, t0, self._model_rate(tokens, limit))
             if copied is not None:
                 return copied
         if self.model is None:
@@ -308,14 +315,33 @@ class AutoDrafter:
         at_breaks = self._breaks.at(found) if found.source is Source.LOOKUP else frozenset()
         return self._copy_plan(tokens, found, at_breaks).rate
 
+    def _model_rate(self, tokens: Sequence[int], limit: int) -> float:
+        """The tokens per second a draft model round is expected to deliver now (0: none in play)."""
+        d = self.costs.draft_step()
+        if self.model is None or d is None or self.costs.verify(2) is None:
+            return 0.0
+        c = model_class(self._target_conf)
+        if self._losing(f"model{c}") or self._model_cannot_pay(d, limit):
+            return 0.0
+        saved, self._model_class = self._model_class, c
+        acc = self._estimate("model", c)
+        plan = best_length(
+            acc, self.costs, d, limit, self.margin, self._catch_up(tokens, d), self._model_overrun()
+        )
+        self._model_class = saved
+        return plan.rate if plan.k else 0.0
+
     def _plan_copy(
-        self, tokens: Sequence[int], found: Proposal, t0: float
+        self, tokens: Sequence[int], found: Proposal, t0: float, beat: float = 0.0
     ) -> tuple[Proposal | None, Declined | None]:
-        """Draft (part of) the copy prompt lookup or the history found, or decline it. A copy from the
+        """Draft (part of) the copy prompt lookup or the history found, or decline it (also where a
+        draft model round is expected to deliver more: ``beat`` tokens per second). A copy from the
         history is judged by its match length in classes of its own (it has no diagonal here)."""
         kind, c, diagonal = self._copy_round = self._copy_class(tokens, found)
         at_breaks = self._breaks.offer(tokens, found) if diagonal is not None else frozenset()
         plan = self._copy_plan(tokens, found, at_breaks)
+        if plan.k and plan.rate <= beat:
+            plan = Plan(0, plan.rate, plan.plain_rate)
         key = f"{kind}{c}"
         losing = plan.k > 0 and self._losing(key)
         if losing:  # try again only now and then, with back-off
@@ -474,7 +500,7 @@ class AutoDrafter:
         est = self._reply.get(key)
         if est is None:
             pooled = self._copy_acc(source)[c][sure] if copies else self.model_acc[c]
-            est = self._reply[key] = ReplyAcceptance(pooled, copies=copies)
+            est = self._reply[key] = ReplyAcceptance(pooled, REPLY_WEIGHT[copies], copies=copies)
         return est
 
     def _model_overrun(self) -> float:

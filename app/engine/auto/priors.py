@@ -61,3 +61,7 @@ TOKENS_PER_ROUND = 3.0  # about what a drafted round delivers, for counting roun
 # The rest of a reply is expected to be as long as the reply so far, at least REPLY_MIN tokens and at
 # most the token budget: a catch-up or a probe must pay itself back within it.
 REPLY_MIN = 16
+# This reply's own evidence weighs as much as this many pooled samples: (the draft model, a copy). One
+# early rejection must not stop a draft model that pays in most of a reply (a draft's tokens are right
+# or wrong in runs); a copy's class is judged on its own in each reply (a coincidence fails at once).
+REPLY_WEIGHT = (8.0, 4.0)

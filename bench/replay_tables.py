@@ -1,0 +1,105 @@
+"""Auto mode held to the best fixed setting on every recorded cost table, without models.
+
+The recorded replies (``bench/recorded/*.replies.json.gz``: the target's confidences and the draft's
+greedy predictions are in them) are replayed with each cost table: the AMD EPYC's, this Intel Xeon's
+(``bench/recorded/xeon-costs.json``) and a laptop GPU's (synthesized, not measured: a verify batch
+costs about one decode step up to 16 tokens, ``bench.replay_history.gpu_ratios``; a 0.5B draft's step
+0.15 of a 7B target's, ``bench.gpu_check.ASSUMED_DRAFT``). For each table and category it prints
+the best fixed setting (plain, speculative at draft lengths 1-8, lookup), auto mode's speedup over
+plain, and auto's ratio to that setting, and checks the issue's bar: auto within ``--within`` of the
+best fixed setting and never below plain::
+
+    python -m bench.replay_tables --orders 3
+
+Auto mode starts each order with nothing learned (a fresh engine, no saved priors): the worst case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.replay import Result, TableCosts, orders, replay_auto, replay_settings, speedup
+
+RECORDED = Path(__file__).with_name("recorded")
+XEON_COSTS = RECORDED / "xeon-costs.json"
+
+
+def tables() -> dict[str, tuple[list[float], list[float], str]]:
+    """Name -> (verify ratios, draft ratios, where they come from)."""
+    from bench.gpu_check import ASSUMED_DRAFT
+    from bench.gpu_replay import EPYC_TABLE
+    from bench.replay_history import gpu_ratios
+
+    out = {"epyc": (list(EPYC_TABLE[0]), list(EPYC_TABLE[1]), EPYC_TABLE[2])}
+    if XEON_COSTS.exists():
+        xeon = json.loads(XEON_COSTS.read_text(encoding="utf-8"))
+        out["xeon"] = (xeon["ratios"], xeon["draft_ratios"], xeon["measured"])
+    out["gpu"] = (gpu_ratios(), list(ASSUMED_DRAFT), "a laptop GPU, synthesized (no GPU measured)")
+    return out
+
+
+def check(
+    replies: Sequence[Any], costs: TableCosts, max_tokens: int, n_orders: int
+) -> dict[str, dict[str, Any]]:
+    """Per category (and "all"): every fixed setting's speedup, the best one, auto's speedup."""
+    fixed = replay_settings(replies, costs, max_tokens)
+    auto: list[Result] = [replay_auto(o, costs, max_tokens, model=True) for o in orders(replies, n_orders)]
+    cats = sorted({r.category for r in replies})
+    out: dict[str, dict[str, Any]] = {}
+    for c in [*cats, "all"]:
+        pick = cats if c == "all" else [c]
+        speeds = {name: speedup([res], pick) for name, res in fixed.items()}
+        best = max(speeds, key=lambda n: speeds[n])
+        a = speedup(auto, pick)
+        worst = min(speedup([r], pick) for r in auto)
+        out[c] = {"fixed": speeds, "best": best, "auto": a, "auto_worst": worst}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bench.gpu_replay import SETS, load_prepared
+
+    p = argparse.ArgumentParser(prog="python -m bench.replay_tables", description=__doc__)
+    p.add_argument("--orders", type=int, default=3, help="auto mode replayed in this many orders")
+    p.add_argument("--within", type=float, default=0.05, help="auto's allowed shortfall to the best fixed")
+    p.add_argument("--tables", default="", help="only these tables (comma-separated: epyc, xeon, gpu)")
+    p.add_argument("--sets", default="", help="only these recorded sets (single-turn, multi-turn)")
+    p.add_argument("--json", type=Path, help="write the figures here")
+    args = p.parse_args(argv)
+    wanted_tables = {t for t in args.tables.split(",") if t}
+    wanted_sets = {s for s in args.sets.split(",") if s}
+    failures = 0
+    figures: dict[str, Any] = {}
+    for set_name, path in SETS.items():
+        if wanted_sets and set_name not in wanted_sets:
+            continue
+        meta, replies = load_prepared(path)
+        for name, (ratios, draft, where) in tables().items():
+            if wanted_tables and name not in wanted_tables:
+                continue
+            rows = check(replies, TableCosts(ratios, draft), int(meta["max_tokens"]), args.orders)
+            figures[f"{set_name}/{name}"] = rows
+            print(f"\n{set_name} replies ({len(replies)}), {name} costs ({where}):\n")
+            print("| category | best fixed | its speedup | auto | auto / best fixed | worst order | bar |")
+            print("|---|---|---|---|---|---|---|")
+            for c, v in rows.items():
+                best = v["fixed"][v["best"]]
+                ok = v["auto"] >= (1 - args.within) * best and v["auto_worst"] >= 1.0 - 1e-9
+                failures += not ok
+                print(
+                    f"| {c} | {v['best']} | {best:.3f}x | {v['auto']:.3f}x | {v['auto'] / best:.3f} "
+                    f"| {v['auto_worst']:.3f}x | {'ok' if ok else 'MISSED'} |"
+                )
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=1), encoding="utf-8")
+    print(f"\n{failures} categories miss the bar" if failures else "\nevery category meets the bar")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
