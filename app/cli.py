@@ -127,7 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     chk = sub.add_parser("check", help="is DRAFT usable with TARGET? exit 0 yes, 1 no")
     chk.add_argument("target", help="target: a GGUF path, hf://OWNER/REPO/FILE.gguf[@REV] or a catalog id")
-    chk.add_argument("draft", help="draft: same forms (remote files are judged from their header only)")
+    chk.add_argument(
+        "draft",
+        nargs="?",
+        help="draft: same forms (remote files are judged from their header only); without it, whether "
+        "the target drafts for itself (multi-token-prediction layers)",
+    )
     from models_registry.cli import add_subcommands as add_registry_subcommands
 
     add_registry_subcommands(sub)
@@ -375,6 +380,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     sees it, and what drafting the pair supports."""
     from app.gguf.arch import arch_facts
     from app.gguf.compat import check_compatible
+    from app.gguf.drafts import draft_facts, mtp_layers
     from app.gguf.meta import GGUFError
     from models_registry.drafting import pair_drafting
     from models_registry.hub import HubError
@@ -382,14 +388,23 @@ def cmd_check(args: argparse.Namespace) -> int:
     from models_registry.remote import read_ref_metadata
 
     try:
-        refs = [resolve_model_ref(args.target), resolve_model_ref(args.draft)]
+        refs = [resolve_model_ref(a) for a in (args.target, args.draft) if a]
         for ref in refs:
             if isinstance(ref, Path):  # a local file: its tensors too (a remote one: its header only)
                 check_model_file(ref)
         target, _ = read_ref_metadata(refs[0])
-        draft, _ = read_ref_metadata(refs[1])
+        draft = read_ref_metadata(refs[1])[0] if args.draft else None
     except (OSError, ValueError, GGUFError, HubError) as e:
         return _fail(str(e))
+    n_mtp = mtp_layers(target)
+    own = f"{n_mtp} multi-token-prediction layer{'s' * (n_mtp > 1)}: --mode mtp drafts with them"
+    if draft is None:  # the target alone: does it draft for itself?
+        if args.json:
+            print(json.dumps({"target": {"architecture": target.architecture, "mtp_layers": n_mtp}}))
+        else:
+            print(f"target: {own}" if n_mtp else "target: no multi-token-prediction layers (give a draft)")
+        return 0 if n_mtp else 1
+    kind = draft_facts(draft)
     verdict = check_compatible(target, draft)
     facts = {"target": arch_facts(target), "draft": arch_facts(draft)}
     drafting = pair_drafting(facts["target"], facts["draft"])
@@ -401,6 +416,8 @@ def cmd_check(args: argparse.Namespace) -> int:
                 "sliding_window": f.sliding_window, "experts": f.experts, "experts_used": f.experts_used,
                 "moe": f.moe, "words": f.words,
             }  # fmt: skip
+        out["draft"] |= {"kind": kind.kind.value, "mtp_layers": kind.mtp_layers}
+        out["target"]["mtp_layers"] = n_mtp
         print(json.dumps({**out, "drafting": drafting.to_data()}))
     else:
         verdict_word = "compatible" if verdict.ok else "NOT compatible"
@@ -408,6 +425,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         for role, f in facts.items():
             print(f"{role + ':':<8}{f.words}")
         print(drafting.words)
+        print(f"kind:   {kind.words}" + (f"; the target itself has {own}" if n_mtp else ""))
     return 0 if verdict.ok else 1
 
 

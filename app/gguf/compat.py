@@ -32,6 +32,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from app.gguf.drafts import DraftKind, draft_facts, head_fits
 from app.gguf.meta import GGUFMetadata, read_metadata_file
 
 __all__ = [
@@ -192,12 +193,27 @@ def _first_token_difference(tgt: list[str], dft: list[str], start: int, stop: in
 
 
 def check_compatible(target: GGUFMetadata, draft: GGUFMetadata) -> Compatibility:
-    """Apply llama.cpp's speculative-decoding vocabulary rules to `target` and `draft` metadata."""
+    """Apply llama.cpp's speculative-decoding vocabulary rules to `target` and `draft` metadata.
+    An EAGLE-3 head, a Gemma 4 assistant or a DFlash drafter (rule ``head``) is checked against its
+    target's architecture and size (:func:`app.gguf.drafts.head_fits`), and not drafted with yet."""
     t, d = vocab_info(target), vocab_info(draft)
     sizes = {"n_vocab_target": t.n_vocab, "n_vocab_draft": d.n_vocab}
 
     def fail(rule: str, reason: str, tv: Any, dv: Any, **extra: Any) -> Compatibility:
         return Compatibility(False, reason, rule, tv, dv, **extra, **sizes)
+
+    kind = draft_facts(draft)
+    if kind.kind in (DraftKind.EAGLE3, DraftKind.GEMMA4_ASSISTANT, DraftKind.DFLASH):
+        fits, why = head_fits(target, draft)
+        if not fits:
+            return fail(
+                "head",
+                f"{kind.words} that does not match this target: {why}",
+                target.architecture,
+                kind.kind.value,
+            )
+        why = f"{kind.words}: it fits this target, but Tandem does not draft with {kind.kind.value} files yet"
+        return fail("head", why, target.architecture, kind.kind.value)
 
     def src(info: VocabInfo, source: str, key: str) -> str:
         return f" (llama.cpp default for {info.type}, {key} absent)" if source == "default" else ""
