@@ -142,3 +142,13 @@ def test_tandem_generate_mode_mtp_says_what_plain_decoding_says(mtp_target: Path
     plain = engine.run(out["prompt_tokens"], GenerationSettings(mode="plain", max_tokens=24))
     assert out["tokens"] == list(plain.tokens)
     assert out["stats"]["mode"] == "mtp" and out["stats"]["n_drafted"] > 0
+
+
+def test_tandem_serve_mode_mtp_on_a_model_without_heads_is_one_line(tiny_pair) -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "app", "serve", "--model", str(tiny_pair.target), "--mode", "mtp",
+         "--port", "0"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 2
+    assert "--mode mtp needs a model with multi-token-prediction layers" in res.stderr

@@ -107,6 +107,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if args.mode == "speculative" and draft is None:
             raise ValueError("--mode speculative needs --draft (or use --mode lookup or auto)")
         check_model_file(target)  # a broken file is one line now, not llama.cpp's log after the port
+        if args.mode == "mtp":
+            from app.gguf.drafts import mtp_layers
+            from app.gguf.meta import read_metadata_file
+
+            if not mtp_layers(read_metadata_file(target)):
+                raise ValueError(
+                    f"--mode mtp needs a model with multi-token-prediction layers; {target.name} has none"
+                )
         if draft is not None and args.mode not in ("lookup", "mtp"):
             check_model_file(draft)
         load = LoadSettings(
