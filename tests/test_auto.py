@@ -16,6 +16,8 @@ from app.engine.auto import (
     lookup_class,
     model_class,
 )
+from app.engine.auto.copies import CopyRounds
+from app.engine.auto.evidence import PLAIN
 from app.engine.auto.planner import continue_rule
 from app.engine.drafting import LookupDrafter, Outcome, Proposal, common_prefix
 from app.engine.engine import Engine, GenerationSettings, LoadSettings
@@ -193,14 +195,18 @@ def test_long_lookup_matches_draft_longer_than_short_ones() -> None:
     auto = AutoDrafter(None, LookupDrafter(), n_max=8, costs=cpu)
     for sure in (0, 1):
         k = [
-            best_length(auto.lookup_acc[lookup_class(m)][sure], cpu, 0.0, 63, 0.03).k
+            best_length(auto.evidence.copied[Source.LOOKUP][lookup_class(m)][sure], cpu, 0.0, 63, 0.03).k
             for m in (2, 4, 7, 12, 20, 40)
         ]
         assert k == sorted(k) and k[0] < k[-1]
-    unsure_short, sure_short = (best_length(a, cpu, 0.0, 8, 0.03).k for a in auto.lookup_acc[1])
+    unsure_short, sure_short = (
+        best_length(a, cpu, 0.0, 8, 0.03).k for a in auto.evidence.copied[Source.LOOKUP][1]
+    )
     assert unsure_short < sure_short  # a short match in hesitant prose is a coincidence more often
     assert [lookup_class(m) for m in (2, 3, 5, 6, 9, 16, 31, 32, 64)] == [0, 1, 1, 2, 3, 4, 4, 5, 5]
-    assert len(auto.lookup_acc) == len(LOOKUP_CLASSES) + 1  # and the class of a resumed copy
+    assert (
+        len(auto.evidence.copied[Source.LOOKUP]) == len(LOOKUP_CLASSES) + 1
+    )  # and the class of a resumed copy
 
 
 def test_a_pessimistic_lookup_class_is_tried_again_in_time() -> None:
@@ -224,7 +230,7 @@ def test_lookup_acceptance_judges_the_first_token_apart_from_the_rest() -> None:
     flat = Acceptance(8, prior=0.5, weight=3.0)  # one prior: evidence pooled over all positions
     assert flat.alpha(0) == flat.alpha(5) == pytest.approx(0.5)
     costs = MeasuredCpu(0.1, 0.0, 0.05)  # a batch of 4 costs 2.05 steps: pays from 2.1 tokens a round
-    short_sure = AutoDrafter(None, LookupDrafter(), costs=costs).lookup_acc[0][1]
+    short_sure = AutoDrafter(None, LookupDrafter(), costs=costs).evidence.copied[Source.LOOKUP][0][1]
     assert best_length(short_sure, costs, 0.0, 8, 0.03).k == 3
     assert best_length(flat, costs, 0.0, 8, 0.03).k == 0
 
@@ -290,24 +296,32 @@ def test_probes_only_when_finding_out_can_pay_for_the_catch_up() -> None:
 
     maybe = SyntheticCosts(base=0.010, slope=0.0002, draft=0.0005)  # drafting would pay a lot...
     auto = AutoDrafter(StaleDraft(20), LookupDrafter(), n_max=6, costs=maybe)  # type: ignore[arg-type]
-    auto._since_model = 10**6  # the back-off interval has passed
-    auto._rest = 400
-    assert auto._probe_due([], maybe.draft_step(), 6)  # ...and the catch-up is cheap: probe
-    auto.model = StaleDraft(2000)  # type: ignore[assignment]
-    auto._rest = 3
-    assert not auto._probe_due([], maybe.draft_step(), 6)  # a long catch-up for a short gain: wait
-    auto._rest = 10**5
-    assert auto._probe_due([], maybe.draft_step(), 6)  # worth it when much of the reply is left
+    auto.rounds.since = 10**6  # the back-off interval has passed
+    auto.rest = 400
+    assert auto.rounds.probe_due([], maybe.draft_step(), 6, auto.rest)  # ...and the catch-up is cheap: probe
+    auto.rounds.model = StaleDraft(2000)  # type: ignore[assignment]
+    auto.rest = 3
+    assert not auto.rounds.probe_due(
+        [], maybe.draft_step(), 6, auto.rest
+    )  # a long catch-up for a short gain: wait
+    auto.rest = 10**5
+    assert auto.rounds.probe_due(
+        [], maybe.draft_step(), 6, auto.rest
+    )  # worth it when much of the reply is left
     auto = AutoDrafter(StaleDraft(150), LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
-    auto._since_model = 10**6
-    auto._rest = 96
+    auto.rounds.since = 10**6
+    auto.rest = 96
     # CPU-like: even a 95 %-accurate draft gains a few percent; catching up 150 tokens costs more
-    assert not auto._probe_due([], CPU_LIKE.draft_step(), 6)
-    auto._since_model = 0
-    assert not auto._probe_due([], CPU_LIKE.draft_step(), 6)  # never before the back-off interval
+    assert not auto.rounds.probe_due([], CPU_LIKE.draft_step(), 6, auto.rest)
+    auto.rounds.since = 0
+    assert not auto.rounds.probe_due(
+        [], CPU_LIKE.draft_step(), 6, auto.rest
+    )  # never before the back-off interval
     auto = AutoDrafter(StaleDraft(1), LookupDrafter(), n_max=6, costs=EXPENSIVE)  # type: ignore[arg-type]
-    auto._since_model, auto._rest = 10**6, 10**6
-    assert not auto._probe_due([], EXPENSIVE.draft_step(), 6)  # cannot pay even at 98 % acceptance
+    auto.rounds.since, auto.rest = 10**6, 10**6
+    assert not auto.rounds.probe_due(
+        [], EXPENSIVE.draft_step(), 6, auto.rest
+    )  # cannot pay even at 98 % acceptance
 
 
 def test_probes_only_where_the_target_is_sure_enough_for_the_draft_to_pay() -> None:
@@ -317,11 +331,11 @@ def test_probes_only_where_the_target_is_sure_enough_for_the_draft_to_pay() -> N
     from app.engine.drafting import LookupDrafter
 
     auto = AutoDrafter(StaleDraft(5), LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
-    auto._since_model, auto._rest = 10**6, 10**5
-    auto._model_class = 0
-    assert not auto._probe_due([], CPU_LIKE.draft_step(), 6)
-    auto._model_class = len(MODEL_CLASSES) - 1
-    assert auto._probe_due([], CPU_LIKE.draft_step(), 6)
+    auto.rounds.since, auto.rest = 10**6, 10**5
+    auto.rounds.cls = 0
+    assert not auto.rounds.probe_due([], CPU_LIKE.draft_step(), 6, auto.rest)
+    auto.rounds.cls = len(MODEL_CLASSES) - 1
+    assert auto.rounds.probe_due([], CPU_LIKE.draft_step(), 6, auto.rest)
 
 
 def test_a_probes_own_round_is_part_of_its_price() -> None:
@@ -331,14 +345,16 @@ def test_a_probes_own_round_is_part_of_its_price() -> None:
     from app.engine.drafting import LookupDrafter
 
     auto = AutoDrafter(StaleDraft(0), LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
-    auto._since_model = 10**6
-    auto._model_class = len(MODEL_CLASSES) - 1  # where a probe hopes for 98 %...
+    auto.rounds.since = 10**6
+    auto.rounds.cls = len(MODEL_CLASSES) - 1  # where a probe hopes for 98 %...
     for _ in range(30):
-        auto.model_acc[-1].observe(2, 0, ())  # ...but this draft has been rejected at once lately
-    auto._rest = REPLY_MIN
-    assert not auto._probe_due([], CPU_LIKE.draft_step(), 6)
-    auto._rest = 2000
-    assert auto._probe_due([], CPU_LIKE.draft_step(), 6)
+        auto.evidence.predicted[Source.MODEL][-1].observe(
+            2, 0, ()
+        )  # ...but this draft has been rejected at once lately
+    auto.rest = REPLY_MIN
+    assert not auto.rounds.probe_due([], CPU_LIKE.draft_step(), 6, auto.rest)
+    auto.rest = 2000
+    assert auto.rounds.probe_due([], CPU_LIKE.draft_step(), 6, auto.rest)
 
 
 def test_auto_probes_a_paused_draft_in_a_long_reply(tiny_pair) -> None:
@@ -348,8 +364,8 @@ def test_auto_probes_a_paused_draft_in_a_long_reply(tiny_pair) -> None:
     poor = SyntheticCosts(base=0.010, slope=0.002, draft=0.002)
     with Engine(LoadSettings(str(tiny_pair.target), str(tiny_pair.draft), n_ctx=2048), costs=poor) as eng:
         auto = eng._drafter(GenerationSettings(mode="auto", n_max=6))
-        auto.model_acc = [Acceptance(6, prior=p, weight=3.0) for _, p in MODEL_CLASSES]
-        for acc in auto.model_acc:
+        auto.evidence.predicted[Source.MODEL] = [Acceptance(6, prior=p, weight=3.0) for _, p in MODEL_CLASSES]
+        for acc in auto.evidence.predicted[Source.MODEL]:
             for _ in range(30):
                 acc.observe(6, 0, ())  # rejected at once, again and again
         st = steps(eng, PROMPTS[1], n_max=6, max_tokens=400)
@@ -401,14 +417,22 @@ def test_draft_evaluates_the_prompt_up_front_only_while_it_could_pay() -> None:
         auto = AutoDrafter(draft, LookupDrafter(), n_max=6, costs=costs)  # type: ignore[arg-type]
         auto.begin([1, 2, 3])
         assert draft.evaluate == [eager], costs
+    # model rounds that lost in the last reply do not keep the next one from trying the draft again
+    # (each reply judges it afresh) ...
     draft = RecordingDraft()
-    auto = AutoDrafter(draft, LookupDrafter(), n_max=6, costs=GPU_LIKE)  # type: ignore[arg-type]
-    for _ in range(3):  # recent model rounds delivered less than plain rounds, however sure the target
+    auto = AutoDrafter(draft, LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
+    for _ in range(3):
         for c in range(len(MODEL_CLASSES)):
-            auto._realized[f"model{c}"].add(1, 1.0)
-        auto._realized["none"].add(1, 0.1)
+            auto.evidence.realized[(Source.MODEL, c)].add(1, 1.0)
+        auto.evidence.realized[PLAIN].add(1, 0.1)
     auto.begin([1, 2, 3])
-    assert draft.evaluate == [False]
+    assert draft.evaluate == [True]
+    assert not any(auto.evidence.losing((Source.MODEL, c)) for c in range(len(MODEL_CLASSES)))
+    # ... but where every class has shown an acceptance at which the costs say it cannot pay, it is out
+    for c in range(len(MODEL_CLASSES)):
+        auto.evidence.predicted[Source.MODEL][c] = Acceptance(6, prior=0.2, weight=1e6)
+    auto.begin([1, 2, 3])
+    assert draft.evaluate == [True, False]
 
 
 def test_probe_rounds_are_not_judged_and_a_good_probe_clears_the_guard() -> None:
@@ -416,15 +440,17 @@ def test_probe_rounds_are_not_judged_and_a_good_probe_clears_the_guard() -> None
 
     auto = AutoDrafter(RecordingDraft(), LookupDrafter(), n_max=6, costs=GPU_LIKE)  # type: ignore[arg-type]
     for _ in range(3):
-        auto._realized["model0"].add(1, 1.0)
-        auto._realized["none"].add(1, 0.1)
-    assert auto._losing("model0")
-    auto.model_acc[0] = Acceptance(6, prior=0.95, weight=1e6)  # the probe finds the draft right again
-    auto._probing = True
+        auto.evidence.realized[(Source.MODEL, 0)].add(1, 1.0)
+        auto.evidence.realized[PLAIN].add(1, 0.1)
+    assert auto.evidence.losing((Source.MODEL, 0))
+    auto.evidence.predicted[Source.MODEL][0] = Acceptance(
+        6, prior=0.95, weight=1e6
+    )  # the probe finds the draft right again
+    auto.rounds.probing = True
     probe = Proposal((5, 6), (None, None), (0.9, 0.9), Source.MODEL, 0.01, n_steps=1, t_steps=0.001)
     auto.observe(probe, Outcome(Source.MODEL, 2, 2, 3, 0.01, 0.02))
-    assert auto._realized["model0"].n == 0  # judged afresh from the next real rounds
-    assert not auto._losing("model0")
+    assert auto.evidence.realized[(Source.MODEL, 0)].n == 0  # judged afresh from the next real rounds
+    assert not auto.evidence.losing((Source.MODEL, 0))
 
 
 def test_losing_short_lookup_matches_do_not_stop_long_ones() -> None:
@@ -432,8 +458,8 @@ def test_losing_short_lookup_matches_do_not_stop_long_ones() -> None:
 
     def short_matches_lose() -> None:
         for _ in range(3):  # coincidental 2-token matches have been losing in this reply
-            auto._realized["lookup0"].add(1, 1.0)
-            auto._realized["none"].add(1, 0.1)
+            auto.evidence.realized[(Source.LOOKUP, 0)].add(1, 1.0)
+            auto.evidence.realized[PLAIN].add(1, 0.1)
 
     text = list(range(100, 120))
     auto.begin(text)
@@ -442,12 +468,12 @@ def test_losing_short_lookup_matches_do_not_stop_long_ones() -> None:
     assert copy.source == "lookup" and copy.match >= 9 and len(copy.tokens) >= 1
     short = [1, 2, 9, 7, 7, 1, 2]
     auto.begin(short)
-    auto._target_conf.extend([1.0] * 3)  # where the target is sure, short matches are worth a try
+    auto.target_confidence.extend([1.0] * 3)  # where the target is sure, short matches are worth a try
     short_matches_lose()
     tried = [bool(auto.propose(short, 6, None, None).tokens) for _ in range(7)]  # type: ignore[arg-type]
     assert tried == [True, False, True, False, False, False, True]  # the losing class backs off
     auto.begin(short)  # the next reply judges prompt lookup afresh
-    auto._target_conf.extend([1.0] * 3)
+    auto.target_confidence.extend([1.0] * 3)
     assert auto.propose(short, 6, None, None).tokens  # type: ignore[arg-type]
 
 
@@ -470,8 +496,8 @@ def test_a_short_match_that_resumes_the_last_copy_after_an_edit_is_drafted() -> 
         found = auto.lookup.propose(edited, 6, None, None)  # type: ignore[arg-type]
         assert found.match == 2 and found.tokens[:2] == tuple(source[19:21])
         if copied_before:
-            assert auto._lookup_class(found.match, len(edited) - found.origin) == RESUME
-            assert auto._lookup_class(found.match, len(edited) - found.origin + 5) == 0  # another place
+            assert auto.copies.lookup_class(found.match, len(edited) - found.origin) == RESUME
+            assert auto.copies.lookup_class(found.match, len(edited) - found.origin + 5) == 0  # another place
         return auto.propose(edited, 6, None, None)  # type: ignore[arg-type]
 
     assert not resumed_draft(copied_before=False).tokens  # a lone 2-token match: a coincidence
@@ -512,7 +538,7 @@ def test_a_long_copy_the_target_keeps_accepting_is_drafted_past_n_max() -> None:
     # the draft model's drafts stay within n_max
     sure = AutoDrafter(SureDraft(), LookupDrafter(), n_max=6, costs=GPU_LIKE)  # type: ignore[arg-type]
     sure.begin([5, 6, 7])
-    sure._target_conf.extend([1.0] * 3)
+    sure.target_confidence.extend([1.0] * 3)
     drafted = sure.propose([5, 6, 7], 200, None, None)  # type: ignore[arg-type]
     assert drafted.source == "model" and 1 <= len(drafted.tokens) <= 6
 
@@ -559,15 +585,15 @@ def test_a_copy_that_goes_on_in_this_reply_is_drafted_further() -> None:
 def test_model_rounds_that_take_longer_than_predicted_correct_the_plan() -> None:
 
     auto = AutoDrafter(SureDraft(), LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
-    assert auto._model_overrun() == 1.0
+    assert auto.rounds.overrun() == 1.0
     round_ = Proposal((7, 7, 7), (None,) * 3, (0.99,) * 3, Source.MODEL, 0.0, n_steps=3, t_steps=0.15)
     predicted = 3 * CPU_LIKE.draft_step() + CPU_LIKE.verify(4)
     for _ in range(5):  # model rounds take 30 % longer than their parts timed alone
         auto.observe(round_, Outcome(Source.MODEL, 3, 3, 4, CPU_LIKE.verify(4), 1.3 * predicted))
-    assert auto._model_overrun() == pytest.approx(1.3)
+    assert auto.rounds.overrun() == pytest.approx(1.3)
     sure = Acceptance(6, prior=0.97, weight=1e6)
     assert best_length(sure, CPU_LIKE, CPU_LIKE.draft_step(), 6, 0.03).k > 0
-    assert best_length(sure, CPU_LIKE, CPU_LIKE.draft_step(), 6, 0.03, scale=auto._model_overrun()).k == 0
+    assert best_length(sure, CPU_LIKE, CPU_LIKE.draft_step(), 6, 0.03, scale=auto.rounds.overrun()).k == 0
 
 
 class SureDraft(StaleDraft):
@@ -632,7 +658,13 @@ def test_model_drafts_on_past_a_costly_batch_size_when_cheaper_ones_follow() -> 
             return {1: 0.1, 2: 0.15, 3: 0.21, 4: 0.21, 5: 0.25}.get(batch, 0.25 + 0.05 * (batch - 5))
 
     auto = AutoDrafter(SureDraft(), LookupDrafter(), n_max=6, costs=Lumpy(0.1, 0.0, 0.045))  # type: ignore[arg-type]
-    keep_going = continue_rule(auto.costs, auto.acc["model"], auto.model_acc[-1], auto.costs.draft_step(), 6)
+    keep_going = continue_rule(
+        auto.costs,
+        auto.evidence.calibration[Source.MODEL],
+        auto.evidence.predicted[Source.MODEL][-1],
+        auto.costs.draft_step(),
+        6,
+    )
     assert keep_going(1, [0.99, 0.99])  # a 3rd token costs 0.06 s more, but a 4th is then nearly free
     assert not keep_going(1, [0.99, 0.2])  # an unlikely 2nd token: more drafting cannot pay
 
@@ -645,7 +677,7 @@ def test_the_rest_of_a_reply_is_expected_to_be_as_long_as_the_reply_so_far() -> 
     for prompt_len, budget, rest in ((396, 1000, REPLY_MIN), (100, 1000, 300), (100, 50, 51), (400, 9, 10)):
         auto.begin(text[:prompt_len])
         auto.propose(text, budget, None, None)  # type: ignore[arg-type]
-        assert auto._rest == rest
+        assert auto.rest == rest
 
 
 def test_catching_up_the_draft_is_spread_over_the_reply_expected_to_be_left() -> None:
@@ -656,7 +688,7 @@ def test_catching_up_the_draft_is_spread_over_the_reply_expected_to_be_left() ->
     def first_round(prompt_len: int, budget: int) -> Proposal:
         auto = AutoDrafter(far_behind, LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
         auto.begin(text[:prompt_len])
-        auto._target_conf.extend([1.0] * 3)
+        auto.target_confidence.extend([1.0] * 3)
         return auto.propose(text, budget, None, None)  # type: ignore[arg-type]
 
     assert first_round(10, 200).source == "model"  # 390 tokens so far, 200 to go: a long reply left
@@ -675,7 +707,7 @@ def test_a_catch_up_is_charged_to_the_model_rounds_it_serves() -> None:
     def reply(rounds_per_catch_up: int) -> Proposal:
         auto = AutoDrafter(SureDraft(pending=30), LookupDrafter(), n_max=6, costs=costs)  # type: ignore[arg-type]
         auto.begin(text[:10])
-        auto._target_conf.extend([1.0] * 3)
+        auto.target_confidence.extend([1.0] * 3)
         first = auto.propose(text, 200, None, None)  # type: ignore[arg-type]
         assert first.source == "model"  # a long reply so far and left: the catch-up is spread over it
         n = len(first.tokens)
@@ -701,11 +733,11 @@ def test_a_catch_up_is_spread_only_over_rounds_before_lookup_drafts_again() -> N
 
     def catch_up_round(copies: int) -> Proposal:
         auto = AutoDrafter(SureDraft(pending=30), LookupDrafter(), n_max=6, costs=costs)  # type: ignore[arg-type]
-        auto._sync_cost.add(0.0175)  # catching up costs 17.5 ms a token: 0.5 s for these 28
+        auto.rounds.sync_cost.add(0.0175)  # catching up costs 17.5 ms a token: 0.5 s for these 28
         auto.begin(text[:10])
         for _ in range(copies):  # lookup rounds earlier in this reply
-            auto._copy_share = 0.9 * auto._copy_share + 0.1
-        auto._target_conf.extend([1.0] * 3)
+            auto.copies.share = 0.9 * auto.copies.share + 0.1
+        auto.target_confidence.extend([1.0] * 3)
         return auto.propose(text, 200, None, None)  # type: ignore[arg-type]
 
     assert catch_up_round(copies=0).source == "model"
@@ -721,7 +753,7 @@ def test_a_catch_up_is_charged_as_catch_ups_served_in_earlier_replies_until_this
     text = list(range(300, 400))
     auto = AutoDrafter(SureDraft(pending=30), LookupDrafter(), n_max=6, costs=costs)  # type: ignore[arg-type]
     auto.begin(text[:10])
-    auto._target_conf.extend([1.0] * 3)
+    auto.target_confidence.extend([1.0] * 3)
     first = auto.propose(text, 200, None, None)  # type: ignore[arg-type]
     assert first.source == "model"
     n = len(first.tokens)
@@ -732,7 +764,7 @@ def test_a_catch_up_is_charged_as_catch_ups_served_in_earlier_replies_until_this
             prop = replace(first, n_sync=30, t_sync=0.5)
             auto.observe(prop, Outcome(Source.MODEL, n, n, n + 1, costs.verify(n + 1), t_round))
     auto.begin(text[:10])
-    auto._target_conf.extend([1.0] * 3)
+    auto.target_confidence.extend([1.0] * 3)
     assert not auto.propose(text, 200, None, None).tokens  # type: ignore[arg-type]
 
 
@@ -757,7 +789,7 @@ def test_loading_times_the_batch_sizes_verification_uses(tiny_pair) -> None:
     with Engine(LoadSettings(str(tiny_pair.target), str(tiny_pair.draft), n_ctx=512)) as eng:
         costs = eng.costs
         assert isinstance(costs, MeasuredCosts)
-        assert {b for b in Engine.WARM_UP_BATCHES if b > 1} <= set(costs._ratio)
+        assert {b for b in Engine.WARM_UP_BATCHES if b > 1} <= {b for b in range(2, 65) if costs.samples(b)}
         assert max(Engine.WARM_UP_BATCHES) >= LOOKUP_MAX + 1
         assert costs.verify(1) and costs.draft_step()
 
@@ -770,7 +802,7 @@ def test_the_loop_reports_the_targets_confidence_to_auto_mode(tiny_pair) -> None
         auto.observe = lambda p, o: (seen.extend(o.confidence), observe(p, o))[1]  # type: ignore[method-assign]
         steps(eng, PROMPTS[0], n_max=6, max_tokens=24)
     assert seen and all(0.0 < c <= 1.0 for c in seen)
-    assert list(auto._target_conf) == seen[-len(auto._target_conf) :]
+    assert list(auto.target_confidence) == seen[-len(auto.target_confidence) :]
 
 
 def test_a_reply_unlike_the_pool_is_followed_within_the_reply() -> None:
@@ -791,10 +823,10 @@ def test_a_reply_unlike_the_pool_is_followed_within_the_reply() -> None:
 
     auto = AutoDrafter(None, LookupDrafter(), n_max=6, costs=cpu)
     auto.begin([1, 2, 3])
-    auto._estimate("lookup", 1).observe(3, 0)
-    assert auto._estimate("lookup", 1).trials[0] == 1
+    auto.evidence.estimate(Source.LOOKUP, 1).observe(3, 0)
+    assert auto.evidence.estimate(Source.LOOKUP, 1).trials[0] == 1
     auto.begin([1, 2, 3])  # a new reply starts from the pooled estimate again
-    assert auto._estimate("lookup", 1).trials[0] == 0
+    assert auto.evidence.estimate(Source.LOOKUP, 1).trials[0] == 0
 
 
 def test_accepted_draft_tokens_are_not_counted_as_catch_up(tiny_pair) -> None:
@@ -834,19 +866,22 @@ def test_a_copy_of_a_record_stops_where_the_record_broke_from_its_own_copy() -> 
     auto.observe(offered, Outcome(offered.source if n else Source.NONE, n, 0, n + 1, costs.verify(n + 1)))
     text.append(101)  # the target's value, not the copy's 100
     auto.propose(text, 50, None, None)  # type: ignore[arg-type]  # checks the last copy offered
-    assert auto._breaks.breaks == {len(text) - 1}
+    assert auto.copies.breaks.breaks == {len(text) - 1}
     text += tail
     # record 2: its keys again, copied from record 1 (the most recent occurrence) up to the value
     text += keys[:4]
     copy = auto.lookup.propose(text, 50, None, None)  # type: ignore[arg-type]
     value_at = copy.tokens.index(101)
-    assert copy.origin + value_at in auto._breaks.breaks
+    assert copy.origin + value_at in auto.copies.breaks.breaks
     drafted = auto.propose(text, 50, None, None)  # type: ignore[arg-type]
     assert drafted.source == "lookup" and 1 <= len(drafted.tokens) <= value_at
     assert drafted.decision.copy_broke_at == value_at + 1
     # the same copy with no break seen in this reply is drafted past the value
     fresh = AutoDrafter(None, LookupDrafter(), costs=costs)
-    fresh.lookup_acc, fresh._realized = auto.lookup_acc, auto._realized  # same pooled evidence
+    fresh.evidence.copied, fresh.evidence.realized = (
+        auto.evidence.copied,
+        auto.evidence.realized,
+    )  # same pooled
     fresh.begin(prompt)
     assert len(fresh.propose(text, 50, None, None).tokens) > value_at  # type: ignore[arg-type]
     # a short match failing at once was a coincidence, not a copy the reply departed from
@@ -928,16 +963,16 @@ def test_a_draft_model_that_could_not_pay_even_if_always_right_is_neither_planne
                 costs = SyntheticCosts(base=0.03, slope=slope, draft=draft)
                 auto = AutoDrafter(StaleDraft(0), LookupDrafter(), n_max=6, costs=costs)  # type: ignore[arg-type]
                 for _ in range(3 if overrun else 0):
-                    auto._overrun.add(overrun)
-                auto._since_model, auto._rest = 10**6, 10**6
+                    auto.rounds.overrun_window.add(overrun)
+                auto.rounds.since, auto.rest = 10**6, 10**6
                 for c in range(len(MODEL_CLASSES)):
-                    auto._model_class = c
-                    if not auto._model_cannot_pay(draft, 6):
+                    auto.rounds.cls = c
+                    if not auto.rounds.cannot_pay(draft, 6):
                         open_ += 1
                         continue
                     gated += 1
-                    assert not auto._probe_due([], draft, 6)
-                    scale = auto._model_overrun()
+                    assert not auto.rounds.probe_due([], draft, 6, auto.rest)
+                    scale = auto.rounds.overrun()
                     for p in (0.9, 0.99, 0.999):
                         acc = Acceptance(6, prior=p, weight=1e12)
                         assert best_length(acc, costs, draft, 6, auto.margin, 0.0, scale).k == 0
@@ -1018,6 +1053,6 @@ def test_copies_offered_but_not_drafted_are_followed_as_evidence(monkeypatch) ->
     drafts = decode_teacher_forced(AutoDrafter(None, LookupDrafter(), costs=costs), prompt, reply, costs)
     assert drafts and all(p.source == "lookup" for p in drafts)
     assert sum(len(p.tokens) for p in drafts) >= 3 * len(keys)  # later records' keys are drafted
-    monkeypatch.setattr(AutoDrafter, "_follow_undrafted", lambda self, tokens, end=False: None)
+    monkeypatch.setattr(CopyRounds, "follow", lambda self, tokens, end=False: None)
     blind = decode_teacher_forced(AutoDrafter(None, LookupDrafter(), costs=costs), prompt, reply, costs)
     assert not blind, "without following undrafted copies, the prior alone never drafts them"

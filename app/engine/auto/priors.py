@@ -65,3 +65,7 @@ REPLY_MIN = 16
 # early rejection must not stop a draft model that pays in most of a reply (a draft's tokens are right
 # or wrong in runs); a copy's class is judged on its own in each reply (a coincidence fails at once).
 REPLY_WEIGHT = (8.0, 4.0)
+# Until a catch-up has been timed, the draft evaluates a token of a catch-up batch at this share of a
+# drafted token's cost (a batch shares the weights' reads): measured 16-token batches of the 0.5B
+# draft cost 0.31-0.36 of 16 single steps on the EPYC, 0.19 on the Xeon (docs/benchmarks.md).
+SYNC_SHARE = 0.35

@@ -1,0 +1,311 @@
+"""Auto mode's draft model rounds: whether to draft with the model, how far, and when to probe it.
+
+A model round is planned at this reply's estimate of the draft's acceptance in the current class
+(how sure the target was of its last tokens), with the round's share of catching the draft up with
+text decoded without it, and its predicted cost scaled by how much longer such rounds really took
+(the models evict each other from the CPU caches). A reply explores the draft model from its first
+rounds wherever the timed costs say it could pay at a plausible acceptance, and keeps it while its
+measured return holds; when it does not, the draft pauses and is probed now and then (with
+exponential back-off) so auto notices when drafting starts to pay.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from app.engine.auto.acceptance import ALWAYS, Acceptance, model_class
+from app.engine.auto.costs import CostModel, Window
+from app.engine.auto.evidence import PREDICTORS, Evidence, Kind
+from app.engine.auto.planner import Plan, best_length, continue_rule
+from app.engine.auto.priors import (
+    CONFIDENCE_FLOOR,
+    CONFIDENCE_WINDOW,
+    HORIZON,
+    MODEL_CLASSES,
+    PROBE_HOPE,
+    PROBE_K,
+    SERVED_RUNS,
+    SYNC_SHARE,
+    TOKENS_PER_ROUND,
+)
+from app.engine.drafting.base import Outcome, Proposal
+from app.engine.drafting.model import ModelDrafter
+from app.engine.events import Action, Decision, Policy, Source
+from app.engine.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from app.engine.grammar import Grammar
+
+
+class ModelRounds:
+    """Plans the rounds that draft with a model, and learns from them (part of :class:`AutoDrafter`)."""
+
+    def __init__(
+        self,
+        model: ModelDrafter,
+        costs: CostModel,
+        evidence: Evidence,
+        *,
+        n_max: int,
+        margin: float,
+        probe_every: int,
+        probe_max: int,
+        probe_odds: float,
+        optimistic: float,
+        source: Source = Source.MODEL,
+        target_conf: deque[float] | None = None,
+    ):
+        self.model, self.costs, self.evidence, self.source = model, costs, evidence, source
+        self.n_max, self.margin = n_max, margin
+        # how sure the target was of its last tokens (the drafter's, shared)
+        self.target_conf = target_conf if target_conf is not None else deque(maxlen=CONFIDENCE_WINDOW)
+        self.cls = 0  # the class of the round being drafted
+        self._class_share = [1 / len(MODEL_CLASSES)] * len(MODEL_CLASSES)  # this reply's rounds, by class
+        self.amortized = 1.0  # rounds the last catch-up was spread over
+        self._runs: deque[int] = deque(maxlen=SERVED_RUNS + 1)  # model rounds per catch-up, this reply
+        self._served = Window(15)  # model rounds per catch-up, earlier replies
+        self.probe_every, self.probe_max = probe_every, probe_max
+        self._probe_interval = probe_every
+        self.since = 0  # rounds since the model last drafted
+        self.probing = False
+        # A probe makes the draft catch up with everything it has not seen. It is worth it only when
+        # drafting could pay at all (even at an ``optimistic`` acceptance rate), and when the catch-up
+        # costs less than what finding out could gain over the rest of this reply, discounted by the
+        # ``probe_odds`` that drafting turns out to pay.
+        self.probe_odds = probe_odds
+        self._optimistic = Acceptance(n_max, prior=optimistic, weight=1e12)
+        self.sync_cost = Window(15)  # the draft's seconds per token when catching up
+        # A model round takes longer than its parts timed alone (the two models evict each other's
+        # weights from the CPU caches, the draft's Python): the median ratio of what model rounds
+        # took to what the cost model predicted corrects its plans.
+        self.overrun_window = Window(15)
+
+    def kind(self) -> Kind:
+        return (self.source, self.cls)
+
+    def begin(self) -> None:
+        """A new reply: the model is judged afresh (its losing guard and its probe interval)."""
+        self._class_share = [1 / len(MODEL_CLASSES)] * len(MODEL_CLASSES)
+        for n in self._runs:
+            self._served.add(n)
+        self._runs.clear()
+        self.evidence.forget_realized((self.source,))
+        self._probe_interval = self.probe_every
+
+    def in_play(self) -> bool:
+        """The draft could pay on this machine at a plausible acceptance: the best its classes have
+        shown (learned, or their priors until learned)."""
+        d, v1 = self.costs.draft_step(), self.costs.verify(1)
+        if d is None or v1 is None:
+            return True
+        plausible = max(max(a.prior, a.overall()) for a in self.evidence.predicted[self.source])
+        acc = Acceptance(self.n_max, prior=plausible, weight=1e12)
+        return best_length(acc, self.costs, d, self.n_max, self.margin).k > 0
+
+    def rate(self, tokens: Sequence[int], limit: int, rest: int, copy_share: float) -> float:
+        """The tokens per second a round of this model is expected to deliver now (0: none in play)."""
+        d = self.costs.draft_step()
+        if d is None or self.costs.verify(2) is None:
+            return 0.0
+        c = model_class(self.target_conf)
+        if self.evidence.losing((self.source, c)) or self.cannot_pay(d, limit):
+            return 0.0
+        saved, self.cls = self.cls, c
+        acc = self.evidence.estimate(self.source, c)
+        catch_up = self.catch_up(tokens, d, rest, copy_share)
+        plan = best_length(acc, self.costs, d, limit, self.margin, catch_up, self.overrun())
+        self.cls = saved
+        return plan.rate if plan.k else 0.0
+
+    def propose(
+        self,
+        tokens: Sequence[int],
+        limit: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        t0: float,
+        *,
+        rest: int,
+        copy_share: float,
+        grammar: Grammar | None = None,
+    ) -> Proposal | Action:
+        """Draft with the model, probe it, or measure it; else the action of a round without it."""
+        d = self.costs.draft_step()
+        self.since += 1
+        c = self.cls = model_class(self.target_conf)
+        self.amortized = 1.0  # until this round's catch-up is planned (none while measuring)
+        self._class_share = [0.9 * x + 0.1 * (i == c) for i, x in enumerate(self._class_share)]
+        acc = self.evidence.estimate(self.source, c)
+        self.probing = False
+        if d is None or self.costs.verify(2) is None:
+            if self.costs.verify(1) is None:
+                return Action.MEASURE
+            plan = Plan(min(2, limit), 0.0, 0.0)
+            decision = Decision(Action.MEASURE, Policy.AUTO, self.source, k=plan.k)
+        elif self.cannot_pay(d, limit):
+            return Action.PAUSED
+        else:
+            catch_up = self.catch_up(tokens, d, rest, copy_share)
+            plan = best_length(acc, self.costs, d, limit, self.margin, catch_up, self.overrun())
+            sure = min(self.target_conf, default=0.0)
+            decision = Decision(
+                Action.DRAFT,
+                Policy.AUTO,
+                self.source,
+                k=plan.k,
+                target_sure=sure if sure >= CONFIDENCE_FLOOR else None,
+                sure_floor=CONFIDENCE_FLOOR,
+                acceptance=acc.overall(),
+                expected_speedup=plan.rate / plan.plain_rate,
+                measured_speedup=self.evidence.measured(self.kind()),
+            )
+            if plan.k > 0 and self.evidence.losing(self.kind()):
+                plan = Plan(0, plan.rate, plan.plain_rate)
+            if plan.k == 0:
+                if not self.probe_due(tokens, d, limit, rest):
+                    return Action.PAUSED
+                plan = Plan(min(PROBE_K, limit), 0.0, plan.plain_rate)
+                decision = Decision(Action.PROBE, Policy.AUTO, self.source, k=plan.k)
+                self.probing = True
+        if plan.k == 0:
+            return Action.NO_ROOM
+        self.since = 0
+        # a probe stays short; a real round drafts on while the draft's confidence says it pays
+        room = plan.k if self.probing else limit
+        calibration = self.evidence.calibration[self.source]
+        keep_going = continue_rule(self.costs, calibration, acc, self.costs.draft_step() or 0.0, room)
+        if grammar is None:  # (a grammar only where there is one: a replayed model takes none)
+            prop = self.model.propose(tokens, room, params, rng, keep_going=keep_going)
+        else:
+            prop = self.model.propose(tokens, room, params, rng, keep_going=keep_going, grammar=grammar)
+        return replace(prop, decision=replace(decision, k=plan.k), t=time.perf_counter() - t0)
+
+    def cannot_pay(self, draft_cost: float, limit: int) -> bool:
+        """Even a draft that is always right, with nothing to catch up, would not beat plain decoding.
+
+        Then there is nothing to plan or probe: a plan (acceptance at most 1, a catch-up at least 0,
+        its round's cost scaled by the overrun) and a probe's hope (at most ``optimistic``, unscaled)
+        are bounded by this one, so the answer is the same, for a third of the Python per round (on
+        a CPU where the draft model never pays, most rounds ask it).
+        """
+        scale = min(1.0, self.overrun())
+        return best_length(ALWAYS, self.costs, draft_cost, limit, self.margin, scale=scale).k == 0
+
+    def overrun(self) -> float:
+        """What model rounds really took over what the cost model predicted (1.0 until measured)."""
+        w = self.overrun_window
+        return min(2.0, max(0.8, w.value)) if w.n >= 3 else 1.0
+
+    def sync_per_token(self, draft_cost: float) -> float:
+        """The draft's seconds per token when catching up (a batch: cheaper than drafting)."""
+        return self.sync_cost.value if self.sync_cost.n else SYNC_SHARE * draft_cost
+
+    def catch_up(self, tokens: Sequence[int], draft_cost: float, rest: int, copy_share: float) -> float:
+        """A round's share of what catching the draft up with the text costs (0 when it kept up).
+
+        The draft falls behind by every token decoded without it. Catching up serves the model
+        rounds that follow in this reply too, until the draft falls behind again, so a round is
+        charged its share over the fewer of: the rounds of the same class expected in what is left
+        of the reply (how often this reply has been in the class, times the rounds left at a few
+        tokens each; ``rest`` tokens, counted as ``HORIZON`` at most); the model rounds a catch-up
+        has served lately in this reply (once it has had a few; until then in earlier replies); and
+        the rounds expected before a copy is drafted again (one in 1 / ``copy_share`` of this
+        reply's recent rounds), which leaves the draft behind as plain decoding does. In a JSON
+        reply or a code edit where copies and model rounds take turns, each model round needs its
+        own catch-up.
+        """
+        # up to 2 are a drafted round's own (its last draft token and the target's), the rest is lag
+        behind = self.model.pending(tokens) - 2
+        if behind <= 0:
+            self.amortized = 1.0
+            return 0.0
+        rounds_left = min(rest, HORIZON) / TOKENS_PER_ROUND
+        spread = self._class_share[self.cls] * rounds_left
+        if len(self._runs) > SERVED_RUNS:  # the last run is still going on
+            spread = min(spread, statistics.median(list(self._runs)[:-1]))
+        elif self._served.n >= SERVED_RUNS + 1:  # until then: what catch-ups served in earlier replies
+            spread = min(spread, self._served.value)
+        if copy_share > 0:  # copies leave the draft behind again
+            spread = min(spread, 1.0 / copy_share)
+        self.amortized = max(1.0, spread)
+        return behind * self.sync_per_token(draft_cost) / self.amortized
+
+    def _probe_optimism(self) -> Acceptance:
+        """The acceptance a probe hopes for in the current class: halfway from what the class is
+        known for (its prior, or its evidence if better) to always right. Where the target hesitates
+        the draft agrees with it 75 % of the time, so on a CPU a probe there cannot find a draft that
+        pays, and each probe costs a catch-up and a batch (2-3 decode steps for 1-2 tokens)."""
+        known = self.evidence.pooled(self.source, self.cls)
+        hope = max(known.prior, known.overall())
+        hope = min(self._optimistic.prior, hope + (1.0 - hope) * PROBE_HOPE)
+        return Acceptance(self.n_max, prior=hope, weight=1e12)
+
+    def probe_due(self, tokens: Sequence[int], draft_cost: float, limit: int, rest: int) -> bool:
+        """A probe is worth its price: the catch-up, and what its own round is expected to lose
+        against a plain step at the acceptance this class has shown (a probe drafts ``PROBE_K``
+        tokens for a batch of up to ``PROBE_K + 1``), must be less than what finding out could gain
+        over the ``rest`` of the reply, discounted by the odds that drafting turns out to pay."""
+        if self.since < self._probe_interval:
+            return False
+        best = best_length(self._probe_optimism(), self.costs, draft_cost, limit, self.margin)
+        if best.k == 0 or best.plain_rate <= 0:
+            return False  # the draft model cannot pay here even if this class turns out much better
+        catch_up = self.model.pending(tokens) * self.sync_per_token(draft_cost)
+        k = min(PROBE_K, limit)
+        known = self.evidence.estimate(self.source, self.cls)
+        reach, expected = 1.0, 1.0
+        for i in range(k):
+            reach *= known.alpha(i)
+            expected += reach
+        verify = self.costs.verify(k + 1)
+        own = (k * draft_cost + (verify or 0.0)) * self.overrun() - expected / best.plain_rate
+        rest_of_reply = rest / best.plain_rate  # seconds, decoding plainly
+        gain = self.probe_odds * (best.rate / best.plain_rate - 1) * rest_of_reply
+        return catch_up + max(0.0, own) <= gain
+
+    def observe(self, proposal: Proposal, outcome: Outcome, seconds: float, charged: float) -> None:
+        """Learn from a round this model drafted (``seconds``: the round's time with its catch-up
+        spread as planned; ``charged``: the part of the catch-up in it)."""
+        d, v = self.costs.draft_step(), self.costs.verify(outcome.batch)
+        if not self.probing and proposal.tokens and d and v:
+            self.overrun_window.add(seconds / (outcome.n_drafted * d + v + charged))
+        if proposal.n_steps:
+            self.costs.observe_draft(proposal.n_steps, proposal.t_steps)
+        if proposal.n_sync > 2:
+            self.sync_cost.add(proposal.t_sync / proposal.n_sync)
+        if proposal.tokens:
+            if proposal.n_sync > 2 or not self._runs:
+                self._runs.append(1)  # a catch-up: a new run of model rounds
+            else:
+                self._runs[-1] += 1
+        for acc in (self.evidence.calibration[self.source], self.evidence.pooled(self.source, self.cls)):
+            acc.observe(outcome.n_drafted, outcome.n_accepted, proposal.confidence)
+        self.evidence.estimate(self.source, self.cls).observe(outcome.n_drafted, outcome.n_accepted)
+        if self.probing:
+            acc = self.evidence.estimate(self.source, self.cls)
+            plan = best_length(acc, self.costs, self.costs.draft_step() or 0.0, self.n_max, self.margin)
+            if plan.k:  # drafting pays again: judge the next real rounds afresh
+                self._probe_interval = self.probe_every
+                self.evidence.realized[self.kind()].rounds.clear()
+            else:
+                self._probe_interval = min(self.probe_max, self._probe_interval * 2)
+
+    def state(self) -> dict[str, Any]:
+        """What model rounds really took over their prediction, for the memory file."""
+        return {"overrun": round(self.overrun_window.value, 4) if self.overrun_window.n else None}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        value = state.get("overrun")
+        if isinstance(value, (int, float)) and 0.5 <= value <= 4.0:
+            for _ in range(2):
+                self.overrun_window.add(float(value))
+
+
+__all__ = ["PREDICTORS", "ModelRounds"]
