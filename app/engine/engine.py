@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from app.engine.auto import AutoDrafter, CostModel, MeasuredCosts
+from app.engine.auto import AutoDrafter, AutoMemory, CostModel, MeasuredCosts
 from app.engine.chat import ChatTemplate, Message
 from app.engine.drafting import Drafter, LookupDrafter, ModelDrafter
 from app.engine.errors import EngineError, IncompatibleDraftError
@@ -121,6 +121,15 @@ class Engine:
         # auto mode's cost measurements belong to this loaded pair on this machine: keep them
         self.costs: CostModel = costs or MeasuredCosts()
         self._auto: dict[int, AutoDrafter] = {}
+        # what auto mode learned for this pair on this machine in earlier sessions (beside the history)
+        plan = self.plan
+        where = f"{backend_name()}, layers {plan.target_layers}/{plan.draft_layers}, {settings.n_threads}"
+        self._memory = (
+            AutoMemory.for_pair(settings.history_dir, target_path, draft_path, where) if not costs else None
+        )
+        self._remembered = (self._memory.load() or {}) if self._memory is not None else {}
+        if isinstance(self.costs, MeasuredCosts) and isinstance(self._remembered.get("costs"), dict):
+            self.costs.restore(self._remembered["costs"])
         self._mtp_drafter: MtpDrafter | None = None  # made on first use of mode "mtp"
         if costs is None:
             self._warm_up()
@@ -352,6 +361,7 @@ class Engine:
                 )
             if self._model_drafter is not None:
                 self._model_drafter.p_min = gs.p_min
+                self._auto[gs.n_max].restore(self._remembered.get("auto") or {})
             return self._auto[gs.n_max]
         if self._model_drafter is None:
             raise EngineError("speculative mode needs a draft model: load one, or use mode 'lookup'")
@@ -480,6 +490,12 @@ class Engine:
         return self._keeper.remove(documents) if self._keeper is not None else HistoryInfo(False)
 
     def close(self) -> None:
+        memory, costs = getattr(self, "_memory", None), getattr(self, "costs", None)
+        if memory is not None and isinstance(costs, MeasuredCosts):
+            auto = next(iter(self._auto.values()), None)
+            memory.save(
+                {"costs": costs.state(), "auto": auto.state() if auto else self._remembered.get("auto")}
+            )
         keeper = getattr(self, "_keeper", None)
         if keeper is not None:
             keeper.close()
