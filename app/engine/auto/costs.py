@@ -89,8 +89,8 @@ class MeasuredCosts:
         step = self._step.value
         if batch == 0:
             self._draft.add(seconds / step)
-        else:
-            self._ratio.setdefault(batch, Window(self.window)).add(seconds / step)
+        else:  # a batch costs at most its tokens' steps one by one: more is a busy machine's noise
+            self._ratio.setdefault(batch, Window(self.window)).add(min(seconds / step, float(batch)))
 
     def observe_draft(self, n_tokens: int, seconds: float) -> None:
         if n_tokens > 0:
