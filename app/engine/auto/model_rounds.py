@@ -105,7 +105,7 @@ class ModelRounds:
         d, v1 = self.costs.draft_step(), self.costs.verify(1)
         if d is None or v1 is None:
             return True
-        plausible = max(max(a.prior, a.overall()) for a in self.evidence.predicted[self.source])
+        plausible = max(a.overall() for a in self.evidence.predicted[self.source])
         acc = Acceptance(self.n_max, prior=plausible, weight=1e12)
         return best_length(acc, self.costs, d, self.n_max, self.margin).k > 0
 
