@@ -1,0 +1,82 @@
+"""The benchmarks' mode table, auto held to the best fixed setting, and the recorded tables replayed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_bench import bench_args
+
+from bench import modes, multiturn, replay_tables
+from bench import run as bench_run
+
+
+def test_mode_table_names_every_fixed_setting() -> None:
+    assert [m.name for m in modes.parse_modes("plain,spec,lookup,auto")] == [
+        "plain", "spec1", "spec2", "spec3", "spec4", "spec6", "spec8", "lookup", "auto",
+    ]  # fmt: skip
+    assert modes.MODES["spec5"].n_max == 5 and not modes.MODES["spec5"].adaptive
+    assert set(modes.FIXED) == {"plain", "lookup", *(f"spec{n}" for n in range(1, 9))}
+    assert not modes.MODES["auto"].fixed and not modes.MODES["adaptive"].fixed
+    assert modes.best_fixed({"plain": 10.0, "spec3": 12.0, "auto": 20.0}) == ("spec3", 12.0)
+    assert modes.best_fixed({"auto": 20.0}) is None
+    with pytest.raises(SystemExit, match="unknown modes: spec9"):
+        modes.parse_modes("plain,spec9")
+    gs = modes.MODES["auto-history"].settings(32, history_doc="c1")
+    assert (gs.mode, gs.max_tokens, gs.history_doc) == ("auto", 32, "c1")
+
+
+def test_bench_reports_auto_against_the_best_fixed_setting_over_repeats(tiny_pair, tmp_path, capsys) -> None:
+    args = bench_args(tiny_pair, tmp_path, "r.json")
+    args.modes, args.repeats = "plain,spec2,spec3,lookup,auto", 2
+    assert bench_run.main(args) == 0
+    printed = capsys.readouterr().out
+    assert "auto against the best fixed setting of the run" in printed
+    assert "| category | best fixed setting | its speedup | auto speedup | auto / best fixed |" in printed
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert {r["repeat"] for r in data["runs"]} == {0, 1} and data["settings"]["repeats"] == 2
+    # each prompt runs its modes in another order in the second repeat
+    order = {(r["id"], r["repeat"], r["mode"]): r["position"] for r in data["runs"]}
+    assert any(order[("p0", 0, m)] != order[("p0", 1, m)] for m in ("plain", "auto"))
+    for cat, row in data["summary"].items():
+        auto, best = row["auto"], row[row["auto"]["best_fixed"]]
+        assert row["auto"]["best_fixed"] in modes.FIXED
+        assert best["tok_s"] == max(row[m]["tok_s"] for m in row if m in modes.FIXED), cat
+        assert auto["vs_best"] == pytest.approx(auto["tok_s"] / best["tok_s"])
+        low, high = auto["vs_best_range"]
+        assert low <= high and len(auto["speedup_range"]) == 2
+
+
+def test_multiturn_reports_auto_against_the_best_fixed_setting() -> None:
+    def run(mode: str, speed: float) -> dict:
+        stats = {"n_generated": 10, "t_decode_s": 10 / speed, "n_drafted": 0, "n_accepted": 0, "rounds": 10}
+        stats |= {"t_llama_s": 0.0, "decode_tokens_per_second": speed}
+        return {
+            "id": "c/1", "kind": "code", "category": "first", "mode": mode, "repeat": 0, "pass": 1,
+            "stats": stats, "mean_k": 0.0, "drafters": {}, "same_as_plain": None,
+        }  # fmt: skip
+
+    data = {"runs": [run("plain", 10.0), run("spec3", 12.0), run("lookup", 9.0), run("auto", 11.4)]}
+    summary = multiturn.summarize(data)
+    assert summary["first"]["auto"]["best_fixed"] == "spec3"
+    assert summary["first"]["auto"]["vs_best"] == pytest.approx(0.95)
+    assert "best_fixed" not in summary["first"]["spec3"]
+    lines = multiturn.best_fixed_lines(summary, ["first"])
+    assert lines == ["first: auto 1.14x of plain, 0.95x of the best fixed setting (spec3, 1.20x of plain)"]
+
+
+def test_recorded_tables_replay_auto_against_every_fixed_setting(tmp_path, capsys) -> None:
+    out = tmp_path / "tables.json"
+    code = replay_tables.main(["--orders", "1", "--sets", "multi-turn", "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert code in (0, 1)  # 1: some category misses the bar (printed as such)
+    assert "| category | best fixed | its speedup | auto | auto / best fixed | worst order | bar |" in printed
+    figures = json.loads(out.read_text())
+    assert set(figures) == {"multi-turn/epyc", "multi-turn/xeon", "multi-turn/gpu"}
+    for rows in figures.values():
+        fixed = rows["all"]["fixed"]
+        assert {"plain", "lookup", *(f"spec{n}" for n in range(1, 9))} == set(fixed)
+        assert fixed["plain"] == pytest.approx(1.0)
+        assert rows["all"]["best"] == max(fixed, key=lambda n: fixed[n])
+        assert 0.0 <= rows["exploring_cost"]["all"] < 1.0
+    assert figures["multi-turn/epyc"]["exploring_cost"]["all"] == 0.0  # the draft cannot pay there
