@@ -369,6 +369,20 @@ def table(rows: Table | dict[str, Result], measured: dict[str, dict[str, float]]
     return "\n".join(lines)
 
 
+def best_fixed_table(fixed: dict[str, Result], auto: Sequence[Result]) -> str:
+    """Markdown: per category (and "all"), the best of the ``fixed`` settings' replays, its speedup, and
+    ``auto``'s speedup (geometric mean over its orders) and ratio to it."""
+    cats = sorted({c for r in fixed.values() for c in r})
+    lines = ["| category | best fixed | its speedup | auto | auto / best fixed |", "|---|---|---|---|---|"]
+    for c in [*cats, "all"]:
+        pick = cats if c == "all" else [c]
+        speeds = {n: speedup([r], pick) for n, r in fixed.items()}
+        best = max(speeds, key=lambda n: speeds[n])
+        a = speedup(auto, pick)
+        lines.append(f"| {c} | {best} | {speeds[best]:.3f}x | {a:.3f}x | {a / speeds[best]:.3f} |")
+    return "\n".join(lines)
+
+
 def measured_speedups(data: dict[str, Any], modes: Sequence[str]) -> dict[str, dict[str, float]]:
     """What the run itself measured for ``modes`` (speedup against plain, per category)."""
     from bench.run import summarize
@@ -481,6 +495,15 @@ def main(argv: list[str] | None = None) -> int:
         f"{f' in {args.orders} orders' if args.orders > 1 else ''}; modeled speedup against plain.\n"
     )
     print(table(rows, run_figures))
+    fixed = (
+        replay_settings(replies, costs, max_tokens)
+        if draft
+        else replay_settings(replies, costs, max_tokens, ())
+    )
+    name = "auto" if draft else "auto (lookup)"
+    settings = "plain, spec1-8, lookup" if draft else "plain, lookup"
+    print(f"\n{name} against the best fixed setting ({settings}), per category:\n")
+    print(best_fixed_table(fixed, rows[name]))
     print(f"\nverify costs (steps, batches 1-{len(ratios)}): --ratios {','.join(f'{r:g}' for r in ratios)}")
     if draft and draft_ratios:
         print(
