@@ -230,6 +230,9 @@ class Engine:
         tok = text[0]
         seq = self._cache
         sizes = [b for b in self.WARM_UP_BATCHES if 1 < b <= self._target_ctx.n_ctx // 2]
+        # the sizes a model draft verifies are timed three times (auto takes the median): one timing
+        # on a busy machine can be off by half, and would keep that draft length out of its plans
+        sizes += [b for b in sizes if b <= 9] * 2
         order = [1]
         for j in range(0, len(sizes), 2):
             order += [*sizes[j : j + 2], 1]
