@@ -47,7 +47,7 @@ __all__ = [
     "write_tiny_model",
 ]
 
-Arch = Literal["qwen35", "gemma3", "qwen3moe", "mamba2", "qwen3", "qwen2"]
+Arch = Literal["qwen35", "gemma3", "qwen3moe", "mamba2", "qwen3", "qwen2", "step35"]
 Quant = Literal["F32", "Q4_0", "Q8_0", "Q4_K_M"]
 ARCHS: tuple[str, ...] = ("qwen35", "gemma3", "qwen3moe", "mamba2")
 
@@ -65,6 +65,11 @@ DEFAULT_SHAPES: dict[str, dict[str, Any]] = {
     "gemma3": dict(
         _COMMON, n_embd=64, n_layer=4, n_ff=128, n_head=4, n_head_kv=2, head_dim=16, sliding_window=16,
         sliding_window_pattern=2, rope_freq_base=1e6, rope_freq_base_swa=1e4, rms_eps=1e-6,
+    ),
+    # Step-3.5's layer, dense (its MoE left out): sliding-window and global attention alternating
+    "step35": dict(
+        _COMMON, n_embd=64, n_layer=2, n_ff=128, n_head=4, n_head_kv=2, head_dim=16, sliding_window=16,
+        rope_freq_base=1e4, rms_eps=1e-5,
     ),
     # a dense attention model (Qwen3: per-head Q/K norms), for benchmarks to set beside the others
     "qwen3": dict(
@@ -201,7 +206,7 @@ def _plan(arch: str, s: dict[str, Any]) -> tuple[dict[str, Any], list[_T]]:
     ]
     if not s["tied"]:
         tensors.append(_T("output.weight", (e, s["n_vocab"]), "mat", 4.0))
-    if arch in ("qwen35", "gemma3", "qwen3moe", "qwen3", "qwen2"):
+    if arch in ("qwen35", "gemma3", "qwen3moe", "qwen3", "qwen2", "step35"):
         kv |= {
             "feed_forward_length": s["n_ff"],
             "attention.head_count": s["n_head"],
@@ -276,7 +281,10 @@ def _plan(arch: str, s: dict[str, Any]) -> tuple[dict[str, Any], list[_T]]:
                 tensors += [_T(f"{p}attn_{x}.weight", (e, width), "mat", gain), _T(f"{p}attn_{x}.bias", (width,), "bias")]  # fmt: skip  # noqa: E501
             tensors += [_T(p + "attn_output.weight", (e, e), "mat", rg), _T(p + "ffn_norm.weight", (e,), "norm")]  # fmt: skip  # noqa: E501
             tensors += _ffn(p, e, s["n_ff"], rg)
-    elif arch == "qwen3":
+    elif arch == "qwen3" or arch == "step35":
+        if arch == "step35":  # even layers see the window, odd ones everything
+            kv |= {"attention.sliding_window": s["sliding_window"], "expert_feed_forward_length": 0}
+            kv["attention.sliding_window_pattern"] = [int(i % 2 == 0) for i in range(n_layer)]
         for i in range(n_layer):
             p = f"blk.{i}."
             tensors += [_T(p + "attn_norm.weight", (e,), "norm"), *_attention(p, s, rg=rg)]

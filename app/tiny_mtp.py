@@ -6,6 +6,9 @@ with ``n_layer - nextn`` blocks and the heads in a context of type ``LLAMA_CONTE
 shapes follow the pinned llama.cpp (``src/llama-arch.cpp`` ``LLM_TENSOR_NEXTN_*``, and each
 architecture's ``load_block_mtp`` in ``src/models/<arch>.cpp``).
 
+``step35`` (Step-3.5, its MoE left out): ``n`` heads, each a Step-3.5 block (Q/K norms, global
+attention) plus the same ``nextn`` tensors; llama.cpp chains them, head ``i`` drafting token ``i``.
+
 ``qwen35`` (Qwen3.5/3.6): one head, a full-attention Qwen3.5 block (gated Q, per-head Q/K norms) plus
 ``nextn.eh_proj`` (the token's embedding and the target's hidden state, concatenated, to the width),
 ``nextn.enorm``, ``nextn.hnorm`` and ``nextn.shared_head_norm``; the token embedding and the output
@@ -22,7 +25,7 @@ from typing import Any
 
 from app.tiny_arch import _T, _attention, _ffn
 
-MTP_ARCHS: tuple[str, ...] = ("qwen35",)
+MTP_ARCHS: tuple[str, ...] = ("qwen35", "step35")
 TRUNK_OUT = ("attn_output.weight", "ssm_out.weight", "ffn_down.weight")
 TRUNK_GAIN = 0.3
 """The trunk's projections back into the residual stream are scaled by this in a model with MTP blocks."""
@@ -40,12 +43,17 @@ def add_mtp_blocks(arch: str, s: dict[str, Any], n: int, kv: dict[str, Any], ten
             tensors[j] = t._replace(gain=t.gain * TRUNK_GAIN)
     kv["block_count"] = trunk + n
     kv["nextn_predict_layers"] = n
+    if arch == "step35":  # the heads attend globally
+        kv["attention.sliding_window_pattern"] = [*kv["attention.sliding_window_pattern"], *([0] * n)]
     for i in range(trunk, trunk + n):
         p = f"blk.{i}."
+        if arch == "qwen35":
+            block = [_T(p + "post_attention_norm.weight", (e,), "norm"), *_attention(p, s, q_mult=2, rg=0.1)]
+        else:
+            block = [*_attention(p, s, rg=0.1), _T(p + "ffn_norm.weight", (e,), "norm")]
         tensors += [
             _T(p + "attn_norm.weight", (e,), "norm"),
-            _T(p + "post_attention_norm.weight", (e,), "norm"),
-            *_attention(p, s, q_mult=2, rg=0.1),
+            *block,
             *_ffn(p, e, s["n_ff"], rg=0.1),
             _T(p + "nextn.eh_proj.weight", (2 * e, e), "eh"),
             _T(p + "nextn.enorm.weight", (e,), "norm"),

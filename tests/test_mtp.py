@@ -1,4 +1,5 @@
-"""Multi-token-prediction drafting: a tiny Qwen3.5 with an MTP block, loaded by the real llama.cpp."""
+"""Multi-token-prediction drafting: a tiny Qwen3.5 with one MTP block and a tiny Step-3.5 with three
+chained ones, loaded by the real llama.cpp."""
 
 from __future__ import annotations
 
@@ -28,9 +29,13 @@ PROMPTS = (
 )
 
 
-@pytest.fixture(scope="module")
-def mtp_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_model(tmp_path_factory.mktemp("mtp") / "tiny-qwen35-mtp.gguf", "qwen35", mtp=1)
+HEADS = {"qwen35": 1, "step35": 3}
+
+
+@pytest.fixture(scope="module", params=sorted(HEADS))
+def mtp_target(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    arch = request.param
+    return write_tiny_model(tmp_path_factory.mktemp("mtp") / f"tiny-{arch}-mtp.gguf", arch, mtp=HEADS[arch])
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +58,9 @@ def test_the_bindings_mtp_drafting_calls_exist() -> None:
 
 
 def test_the_heads_load_with_the_target(engine: Engine) -> None:
-    assert engine.target.n_layer_nextn == 1
-    assert engine.target.n_layer == 4  # the trunk: llama.cpp counts the MTP block apart
+    arch = engine.target.meta("general.architecture")
+    assert engine.target.n_layer_nextn == HEADS[arch]
+    assert engine.target.n_layer == {"qwen35": 4, "step35": 2}[arch]  # the trunk: MTP blocks apart
 
 
 def test_greedy_mtp_equals_plain_decoding(engine: Engine) -> None:

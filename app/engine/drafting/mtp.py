@@ -15,8 +15,11 @@ logits give the first draft token. A position whose hidden state is unknown (a n
 from the cached text there) is paired with zeros, as llama.cpp pairs a prompt's first token: drafts
 may be worse, never the output (the target verifies every token).
 
-A model with several heads (Step-3.5's chained heads) is not drafted here yet: the first head alone
-drafts, chained on itself, as for Qwen3.5/3.6's single head.
+A model with several heads (Step-3.5's) chains them as llama.cpp does: every head's layer holds the
+confirmed pairs (the catch-up batch runs under each head in turn, the first head last, for its
+logits); draft token ``i`` comes from head ``i``, which evaluates the pending token and the ``i`` drafted
+before it again, each paired with the hidden state the previous head gave (a draft is at most as long
+as the heads are many). One head (Qwen3.5/3.6) chains on itself, one position at a time.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ class MtpDrafter:
         self._tok = np.zeros(0, dtype=np.int64)
         self._n = 0
         self.unpaired = 0  # positions paired with zeros, their hidden state unknown (for tests, reports)
+        self.chain = self.mtp.n_heads > 1  # several heads, one per draft position
         output_hidden(target)
         target.on_decode = self._seen
 
@@ -95,7 +99,12 @@ class MtpDrafter:
             keep = n - 1
             self.mtp.remove(keep)
             del self.held[keep:]
-        self.mtp.decode(tokens[keep:n], keep, self._hidden(tokens, range(keep - 1, n - 1)), logits=logits)
+        hidden = self._hidden(tokens, range(keep - 1, n - 1))
+        for head in reversed(range(self.mtp.n_heads if self.chain else 1)):  # each head's layer
+            if self.chain:
+                self.mtp.head(head)
+                self.mtp.remove(keep)
+            self.mtp.decode(tokens[keep:n], keep, hidden, logits=logits and head == 0)
         self.held.extend(tokens[keep:n])
         return n - keep
 
@@ -122,7 +131,10 @@ class MtpDrafter:
         if k <= 0 or len(tokens) < 2:
             return EMPTY
         t0 = time.perf_counter()
-        n_sync = self._catch_up(tokens, len(tokens), logits=True)
+        n = len(tokens)
+        if self.chain:
+            k = min(k, self.mtp.n_heads)
+        n_sync = self._catch_up(tokens, n, logits=True)
         t_sync = time.perf_counter() - t0
         t_steps, n_steps = 0.0, 0
         ids: list[int] = []
@@ -130,6 +142,7 @@ class MtpDrafter:
         conf: list[float] = []
         history = list(tokens)
         walk = grammar.fork() if grammar is not None else None
+        chained = [self._hidden(tokens, range(n - 2, n - 1))[0]]  # the pending token's pair, chained on
         for j in range(k):
             logits = self.mtp.logits()
             if params.greedy:
@@ -155,10 +168,17 @@ class MtpDrafter:
             if j == k - 1:
                 break
             t1 = time.perf_counter()
-            # the head's own hidden state chains: the pair (h', token) at the next position
-            self.mtp.decode([tok], len(tokens) + j, self.mtp.hidden()[None, :])
+            if self.chain:  # head j + 1 evaluates the pending token and the draft so far again
+                chained.append(self.mtp.hidden())
+                self.mtp.remove(n - 1)
+                self.mtp.head(j + 1)
+                self.mtp.decode([tokens[-1], *ids], n - 1, np.stack(chained))
+            else:  # the head's own hidden state chains: the pair (h', token) at the next position
+                self.mtp.decode([tok], n + j, self.mtp.hidden()[None, :])
             t_steps += time.perf_counter() - t1
             n_steps += 1
+        if self.chain:
+            self.mtp.head(0)
         dt = time.perf_counter() - t0
         return Proposal(
             tuple(ids),
