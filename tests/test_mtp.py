@@ -158,3 +158,7 @@ def test_tandem_serve_mode_mtp_on_a_model_without_heads_is_one_line(tiny_pair) -
     )  # fmt: skip
     assert res.returncode == 2
     assert "--mode mtp needs a model with multi-token-prediction layers" in res.stderr
+
+
+def test_the_engine_info_counts_the_heads(engine: Engine) -> None:
+    assert engine.info().target.mtp_layers == engine.target.n_layer_nextn > 0

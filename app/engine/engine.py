@@ -569,4 +569,5 @@ def _model_info(model: Model, ctx: Context, memory: MemoryInfo | None) -> ModelI
         window=memory.window,
         experts=count("expert_count"),
         experts_used=count("expert_used_count"),
+        mtp_layers=model.n_layer_nextn,
     )

@@ -69,6 +69,7 @@ class ModelInfo:
     window: int = 0  # sliding-window size of a window that reuses its cells (0: none)
     experts: int = 0  # a mixture of experts: experts per layer (0: dense)
     experts_used: int = 0  # experts each token uses
+    mtp_layers: int = 0  # multi-token-prediction layers loaded with it (mode "mtp" drafts with them)
 
 
 @dataclass(frozen=True)
