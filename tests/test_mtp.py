@@ -19,9 +19,10 @@ from app.engine.errors import EngineError
 from app.engine.events import Finished, Source, Step
 from app.engine.llama_mtp import PARAMS, SYMBOLS
 from app.engine.sampling import SamplingParams
-from app.engine.settings import GenerationSettings, LoadSettings
+from app.engine.settings import Constraint, GenerationSettings, LoadSettings
 from app.tiny_arch import write_tiny_model
 
+LIST_GBNF = 'root ::= "[" item ("," " "? item){0,5} "]"\nitem ::= [a-z]{1,8} | [0-9]{1,3}'
 PROMPTS = (
     "Once upon a time there was a cat who",
     "def fib(n):\n    return",
@@ -162,3 +163,18 @@ def test_tandem_serve_mode_mtp_on_a_model_without_heads_is_one_line(tiny_pair) -
 
 def test_the_engine_info_counts_the_heads(engine: Engine) -> None:
     assert engine.info().target.mtp_layers == engine.target.n_layer_nextn > 0
+
+
+@pytest.mark.parametrize("constraint", [Constraint("json_object"), Constraint("gbnf", gbnf=LIST_GBNF)])
+def test_constrained_mtp_output_equals_plain_constrained_output(
+    engine: Engine, constraint: Constraint
+) -> None:
+    drafted = 0
+    for text in PROMPTS:
+        prompt = engine.tokenize(text)
+        plain = engine.run(prompt, GenerationSettings(mode="plain", max_tokens=40, constraint=constraint))
+        gs = GenerationSettings(mode="mtp", max_tokens=40, n_max=3, adaptive=False, constraint=constraint)
+        got = engine.run(prompt, gs)
+        assert got.tokens == plain.tokens and got.reason == plain.reason, (text, constraint.kind)
+        drafted += got.stats.n_drafted
+    assert drafted > 0
