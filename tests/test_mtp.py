@@ -178,3 +178,25 @@ def test_constrained_mtp_output_equals_plain_constrained_output(
         assert got.tokens == plain.tokens and got.reason == plain.reason, (text, constraint.kind)
         drafted += got.stats.n_drafted
     assert drafted > 0
+
+
+def test_mode_mtp_through_the_engine_process(mtp_target: Path) -> None:
+    """The app, the CLI and the server reach the engine through its process: mode mtp there too."""
+    from app.engine import EngineClient
+
+    client = EngineClient()
+    client.start()
+    try:
+        info = client.load(LoadSettings(target=str(mtp_target), n_ctx=512, n_threads=1))
+        assert info.target.mtp_layers > 0
+        prompt = client.tokenize(PROMPTS[1])
+        runs = {}
+        for mode in ("plain", "mtp", "mtp"):  # the second mtp run starts from what the first left
+            events = list(
+                client.generate(prompt=prompt, settings=GenerationSettings(mode=mode, max_tokens=24))
+            )
+            runs[mode] = [e for e in events if isinstance(e, Finished)][-1]
+            assert runs[mode].tokens == runs["plain"].tokens, mode
+        assert runs["mtp"].stats.n_drafted > 0
+    finally:
+        client.shutdown()
