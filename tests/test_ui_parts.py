@@ -287,3 +287,11 @@ def test_status_bar_says_where_the_pair_runs() -> None:
     assert backend_text(info(29)) == "CUDA · NVIDIA GeForce RTX 4060 (8.0 GB)"
     assert backend_text(info(14)) == "CUDA · NVIDIA GeForce RTX 4060 (8.0 GB) · 14/29 target layers"
     assert backend_text(info(0)) == "CPU · AMD Ryzen 7"
+    # a laptop whose integrated GPU is listed first: the status bar names the discrete one the pair runs on
+    igpu = Device("Vulkan0", "AMD Radeon 780M (RADV PHOENIX)", "IGPU", 2 * 10**9, 2 * 10**9)
+    dgpu = Device("Vulkan1", "NVIDIA GeForce RTX 4060", "GPU", 7 * 10**9, 8 * 10**9)
+    o = Offload(-1, 29, 29, "Vulkan", "NVIDIA GeForce RTX 4060", device_kind="GPU")
+    both = EngineInfo(
+        "Vulkan", (igpu, dgpu, cpu), 4096, ModelInfo("t.gguf", "q", 1, 1, 28, 10, o, 2), None, True
+    )
+    assert backend_text(both) == "Vulkan · NVIDIA GeForce RTX 4060 (8.0 GB)"

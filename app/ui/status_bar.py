@@ -158,7 +158,7 @@ def backend_text(info: EngineInfo) -> str:
     gpus = [d for d in info.devices if d.kind in ("GPU", "IGPU")]
     offload = info.target.offload
     if offload.on_gpu and gpus:
-        dev = gpus[0]
+        dev = next((d for d in gpus if d.description == offload.device), gpus[0])  # the one it runs on
         text = f"{offload.backend} · {dev.description or dev.name}"
         if dev.memory_total:
             text += f" ({format_bytes(dev.memory_total)})"
