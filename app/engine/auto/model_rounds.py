@@ -22,7 +22,7 @@ import numpy as np
 
 from app.engine.auto.acceptance import ALWAYS, Acceptance, model_class
 from app.engine.auto.costs import CostModel, Window
-from app.engine.auto.evidence import PREDICTORS, Evidence, Kind
+from app.engine.auto.evidence import Evidence, Kind
 from app.engine.auto.planner import Plan, best_length, continue_rule
 from app.engine.auto.priors import (
     CONFIDENCE_FLOOR,
@@ -306,6 +306,3 @@ class ModelRounds:
         if isinstance(value, (int, float)) and 0.5 <= value <= 4.0:
             for _ in range(2):
                 self.overrun_window.add(float(value))
-
-
-__all__ = ["PREDICTORS", "ModelRounds"]
