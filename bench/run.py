@@ -181,11 +181,30 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 file=sys.stderr,
                 flush=True,
             )
+            if args.out is not None:  # what was measured so far, should the run stop
+                write_json(args.out, {**results_of(args, modes, t_load, results, None), "complete": False})
         verify_ratios = recorded_ratios(engine.costs)  # what auto mode had measured by the end
     finally:
         engine.close()
+    return results_of(args, modes, t_load, results, verify_ratios)
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1))
+
+
+def results_of(
+    args: argparse.Namespace,
+    modes: list[Any],
+    t_load: float,
+    results: list[dict[str, Any]],
+    verify_ratios: list[float] | None,
+) -> dict[str, Any]:
+    """The run's JSON: the machine, the settings and every reply."""
     return {
         "machine": machine(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "settings": {
             "target": args.target,
             "draft": args.draft,
@@ -529,6 +548,7 @@ def peak_rss_mb() -> float:
 
 
 def main(args: argparse.Namespace) -> int:
+    args.out = args.out or REPO / "bench" / "results" / time.strftime("bench-%Y%m%d-%H%M%S.json")
     data = run(args)
     data["summary"] = summarize(data)
     modes = data["settings"]["modes"]
@@ -543,10 +563,8 @@ def main(args: argparse.Namespace) -> int:
         print("peak RSS (MB):", json.dumps({k: round(v) for k, v in data["peak_rss_mb"].items()}))
     m = data["machine"]
     print(f"machine: {m['cpu']}, {m['cores_logical']} threads, {m['ram_gib']} GiB, backend {m['backend']}")
-    out = args.out or REPO / "bench" / "results" / time.strftime("bench-%Y%m%d-%H%M%S.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=1))
-    print(f"results: {out}")
+    write_json(args.out, {**data, "complete": True})
+    print(f"results: {args.out}")
     return 0
 
 
