@@ -2,8 +2,10 @@
 
 Each task (``bench.agent_project.TASKS``: rename a function, fix a bug, add a parameter) asks an agent
 to edit a tiny Python package held in memory, with tools that list, read and write its files and run
-its unit tests (in a subprocess, on a temporary copy). The model decides the calls; the loop stops at
-a reply without calls, a reply cut short, or ``--max-steps``. Every step re-sends the whole
+its unit tests (in a subprocess, on a temporary copy). The model decides the calls (the first step must
+read a file, and every step must call a tool: a 1.5B model otherwise writes without reading, or
+writes a call as free text); the loop stops at ``finish``, a reply without calls, a reply cut short,
+or ``--max-steps``. Every step re-sends the whole
 conversation, as agents do, through the official ``openai`` client, greedy.
 
 One ``tandem serve`` per mode runs as a subprocess on 127.0.0.1 (``plain`` with ``--no-history``;
@@ -151,7 +153,7 @@ class Reply:
 
 
 def tool_choice(task: Task, step: int) -> Any:
-    choice = task.forced[step] if step < len(task.forced) else "auto"
+    choice = task.forced[step] if step < len(task.forced) else task.then
     if choice in ("auto", "none", "required"):
         return choice
     return {"type": "function", "function": {"name": choice}}
@@ -235,7 +237,7 @@ def run_task(
                 for i, n, a in base.calls
             ]
         messages.append(assistant)
-        if not base.calls or base.finish == "length":
+        if not base.calls or base.finish == "length" or "finish" in rec.calls:
             break
         for call_id, name, arguments in base.calls:
             messages.append(

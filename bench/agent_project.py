@@ -169,31 +169,34 @@ FILES: dict[str, str] = {
 class Task:
     id: str
     prompt: str
-    forced: tuple[str, ...] = ()  # tool_choice per step (a function's name, "none", "required"); tests
+    #: tool_choice per step: a function's name, "none", "required" or "auto"; ``then`` after these
+    forced: tuple[str, ...] = ("read_file",)  # an agent reads before it writes (a 1.5B model may not)
+    then: str = "required"  # a call every step (a small model's free text may mean a call: ```json)
 
 
 TASKS = (
     Task(
         "rename",
-        "Rename the function `calc_total` in shop/cart.py to `cart_total`, and update every place that "
-        "uses it (tests/test_cart.py uses it too). Then run the tests.",
+        "In shop/cart.py, rename the function `calc_total` to `cart_total`, and update every use of it "
+        "(in shop/cart.py and in tests/test_cart.py).",
     ),
     Task(
         "fix-median",
-        "The tests of shop/stats.py fail. Find the bug in shop/stats.py, fix it, and run the tests.",
+        "The test test_median_even fails: `median` in shop/stats.py returns a wrong value for lists of "
+        "even length. Fix the bug.",
     ),
     Task(
         "add-currency",
-        'Add a parameter `currency: str = "$"` to `format_price` in shop/cart.py: the text put before '
-        'the amount, so that format_price(5, "€") returns "€5.00". Then run the tests.',
+        'Add a parameter `currency: str = "$"` to `format_price` in shop/cart.py, the text written before '
+        'the amount, so that format_price(5, "€") returns "€5.00".',
     ),
 )
 
 SYSTEM = (
-    "You are a coding agent working on a small Python project. Files: {files}. Use the tools: read a "
-    "file before you change it; write_file replaces a file with the complete new content you give it "
-    "(write the whole file, not a diff); run_tests runs the project's unit tests. Make the change, run "
-    "the tests, then answer with one short sentence saying what you did."
+    "You are a coding agent working on a small Python project with these files: {files}. Answer with "
+    "tool calls. To change a file, read it, then call write_file with the complete new file: every line "
+    "of it, the unchanged lines too. After changing files, call run_tests. When the tests pass, call "
+    "finish with one short sentence saying what you changed."
 )
 
 
@@ -222,6 +225,7 @@ def tool_schemas(files: list[str]) -> list[dict[str, Any]]:
             {"path": path, "content": {"type": "string", "description": "the whole new file"}},
         ),
         fn("run_tests", "Run the project's unit tests; their output.", {}),
+        fn("finish", "End the task.", {"summary": {"type": "string", "description": "what you changed"}}),
     ]
 
 
@@ -261,6 +265,8 @@ class Project:
                 return f"wrote {path} ({len(content.splitlines())} lines)"
             if name == "run_tests":
                 return self.run_tests()
+            if name == "finish":
+                return "done"
         except Exception as e:  # a tool never stops the benchmark
             return f"error: {type(e).__name__}: {e}"
         return f"error: no tool named {name}"

@@ -31,7 +31,8 @@ def test_tools_read_write_and_refuse() -> None:
     assert p.call("write_file", json.dumps({"path": "a.py", "content": "x = 1\n"})) == "wrote a.py (1 lines)"
     assert p.files["a.py"] == "x = 1\n" and "a.py" not in FILES  # the project's own copy
     names = [t["function"]["name"] for t in tool_schemas(list(FILES))]
-    assert names == ["list_files", "read_file", "write_file", "run_tests"]
+    assert names == ["list_files", "read_file", "write_file", "run_tests", "finish"]
+    assert p.call("finish", '{"summary": "x"}') == "done"
 
 
 def test_tests_run_in_a_sandbox_and_read_the_same_each_time() -> None:
@@ -72,7 +73,7 @@ def test_the_loop_on_servers_interleaves_restarts_and_reports(tiny_pair, tmp_pat
         target=target,
         draft=tiny_pair.draft,
         modes="auto,plain",
-        ctx=2048,
+        ctx=8192,
         threads=1,
         repeats=1,
         max_steps=4,
