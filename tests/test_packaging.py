@@ -461,6 +461,38 @@ def _wait_for_window(display: str, name: str, timeout: float) -> float | None:
     return None
 
 
+def _frozen_self_test_on_lavapipe(exe: Path, scrubbed: dict[str, str], without_device: str) -> None:
+    """A Vulkan package: with no Vulkan GPU visible it said why the models run on the CPU; with Mesa's
+    lavapipe made visible (``GGML_VK_VISIBLE_DEVICES``) and GPU layers asked for, they run there."""
+    assert "gpu: none, the models run on the CPU (" in without_device, without_device
+    icd = subprocess.run(
+        ["bash", "packaging/vulkan.sh", "--lavapipe"], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    if icd.returncode != 0:
+        print(f"frozen --self-test on lavapipe not run: {icd.stderr.strip()[-300:]}")
+        return
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tandem" / "mesa-shader-cache"
+    device = {
+        **scrubbed,
+        "GGML_VK_VISIBLE_DEVICES": "0",
+        "VK_ICD_FILENAMES": icd.stdout.strip(),
+        "TANDEM_GPU_LAYERS": "all",
+        "MESA_SHADER_CACHE_DIR": os.environ.get("MESA_SHADER_CACHE_DIR") or str(cache),
+        "LP_NATIVE_VECTOR_WIDTH": "128",  # cheaper pipeline compiles, as in tests/test_vulkan.py
+        "GALLIVM_PERF": "nopt",
+    }
+    proc = subprocess.run(
+        ["env", "-i", *(f"{k}={v}" for k, v in device.items()), str(exe), "--self-test"],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for needle in ("backend: Vulkan", "layers on Vulkan (llvmpipe", "speculative == plain: yes"):
+        assert needle in proc.stdout, proc.stdout
+    print(proc.stdout)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_frozen_build_runs_self_test_and_gui(tmp_path):
@@ -507,6 +539,8 @@ def test_frozen_build_runs_self_test_and_gui(tmp_path):
     assert "speculative == plain: yes" in selftest.stdout
     print(selftest.stdout)
     print(f"frozen --self-test: {cold:.1f} s wall (cold)")
+    if any((app_dir / "_internal" / "llama_cpp" / "lib").glob("libggml-vulkan.*")):
+        _frozen_self_test_on_lavapipe(exe, scrubbed, selftest.stdout)
 
     # the GUI, on a virtual X display (a free number: other test runs may have theirs)
     display = next(f":{n}" for n in range(90, 200) if not Path(f"/tmp/.X{n}-lock").exists())
