@@ -261,6 +261,7 @@ def run(args: argparse.Namespace, tasks: tuple[Task, ...] = TASKS) -> dict[str, 
     argv += ["--draft", str(args.draft)] if args.draft else []
     argv += ["--threads", str(args.threads)] if args.threads else []
     passes = 1 if args.no_second_pass else 2
+    partial: Path | None = getattr(args, "partial", None)
     steps: list[dict[str, Any]] = []
     history: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="tandem-agent-bench-") as tmp:
@@ -279,6 +280,10 @@ def run(args: argparse.Namespace, tasks: tuple[Task, ...] = TASKS) -> dict[str, 
                             task, servers, max_steps=args.max_steps, max_tokens=args.max_tokens, shift=rep + i
                         ):
                             steps.append({"repeat": rep, "pass": pass_no, **asdict(rec)})
+                        if partial is not None:  # what is done so far, should the run be cut off
+                            partial.write_text(
+                                json.dumps({"modes": modes, "steps": steps, "history": history})
+                            )
                 finally:
                     for s in servers.values():
                         s.stop()
@@ -409,12 +414,14 @@ def main(argv: list[str] | None = None) -> int:
     tasks = tuple(t for t in TASKS if not wanted or t.id in wanted)
     if wanted - {t.id for t in TASKS}:
         raise SystemExit(f"--tasks: from {', '.join(t.id for t in TASKS)}")
+    out = args.out or Path(__file__).with_name("results") / f"agent-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    args.partial = out.with_suffix(".partial.json")
     data = run(args, tasks)
     summary = summarize(data)
     data["summary"] = summary
-    out = args.out or Path(__file__).with_name("results") / f"agent-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=1))
+    args.partial.unlink(missing_ok=True)
     meta = data["meta"]
     print(
         f"\n{meta['machine']['cpu']}, {meta['machine']['cores_logical']} cores, {meta['date']}; "

@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-CART = '''"""Shopping cart arithmetic: line totals, the cart's total, discounts and prices as text."""
+# The project's files: comments for docstrings and single quotes, so that a file's JSON form (in a
+# write_file call) escapes only its newlines: a 1.5B model closes the JSON string at a triple quote.
+CART = """# Shopping cart arithmetic: line totals, the cart's total, discounts and prices as text.
 
 from __future__ import annotations
 
@@ -23,14 +25,14 @@ TAX_RATE = 0.2
 
 
 def line_total(price: float, quantity: int) -> float:
-    """The price of ``quantity`` items at ``price`` each."""
+    # The price of quantity items at price each.
     if quantity < 0:
-        raise ValueError("quantity must not be negative")
+        raise ValueError('quantity must not be negative')
     return price * quantity
 
 
 def calc_total(items: list[tuple[float, int]]) -> float:
-    """The total of a cart's lines, each a (price, quantity) pair."""
+    # The total of a cart's lines, each a (price, quantity) pair.
     total = 0.0
     for price, quantity in items:
         total += line_total(price, quantity)
@@ -38,44 +40,44 @@ def calc_total(items: list[tuple[float, int]]) -> float:
 
 
 def apply_discount(total: float, percent: float) -> float:
-    """``total`` less ``percent`` per cent (0 to 100)."""
+    # total less percent per cent (0 to 100).
     if not 0 <= percent <= 100:
-        raise ValueError("percent must be between 0 and 100")
+        raise ValueError('percent must be between 0 and 100')
     return round(total * (100 - percent) / 100, 2)
 
 
 def with_tax(total: float) -> float:
-    """``total`` with the tax added."""
+    # total with the tax added.
     return round(total * (1 + TAX_RATE), 2)
 
 
 def format_price(amount: float) -> str:
-    """``amount`` as a price, e.g. ``$12.50``."""
-    return f"${amount:,.2f}"
+    # amount as a price, e.g. $12.50.
+    return f'${amount:,.2f}'
 
 
 def receipt(items: list[tuple[float, int]], percent: float = 0) -> str:
-    """A one-line receipt: the total after the discount, with tax."""
+    # A one-line receipt: the total after the discount, with tax.
     total = apply_discount(calc_total(items), percent)
-    return f"Total: {format_price(with_tax(total))}"
-'''
+    return f'Total: {format_price(with_tax(total))}'
+"""
 
-STATS = '''"""Small statistics over lists of numbers."""
+STATS = """# Small statistics over lists of numbers.
 
 from __future__ import annotations
 
 
 def mean(values: list[float]) -> float:
-    """The arithmetic mean (``values`` must not be empty)."""
+    # The arithmetic mean (values must not be empty).
     if not values:
-        raise ValueError("mean of an empty list")
+        raise ValueError('mean of an empty list')
     return sum(values) / len(values)
 
 
 def median(values: list[float]) -> float:
-    """The middle value; for an even count, the mean of the two middle values."""
+    # The middle value; for an even count, the mean of the two middle values.
     if not values:
-        raise ValueError("median of an empty list")
+        raise ValueError('median of an empty list')
     ordered = sorted(values)
     middle = len(ordered) // 2
     if len(ordered) % 2 == 1:
@@ -84,18 +86,18 @@ def median(values: list[float]) -> float:
 
 
 def spread(values: list[float]) -> float:
-    """The largest value minus the smallest."""
+    # The largest value minus the smallest.
     if not values:
-        raise ValueError("spread of an empty list")
+        raise ValueError('spread of an empty list')
     return max(values) - min(values)
 
 
 def clamp(value: float, low: float, high: float) -> float:
-    """``value`` limited to the range ``low`` to ``high``."""
+    # value limited to the range low to high.
     if low > high:
-        raise ValueError("low must not exceed high")
+        raise ValueError('low must not exceed high')
     return max(low, min(value, high))
-'''
+"""
 
 TEST_CART = """import unittest
 
@@ -118,13 +120,13 @@ class CartTest(unittest.TestCase):
             apply_discount(10.0, 120)
 
     def test_format_price(self):
-        self.assertEqual(format_price(1234.5), "$1,234.50")
+        self.assertEqual(format_price(1234.5), '$1,234.50')
 
     def test_receipt(self):
-        self.assertEqual(receipt([(10.0, 2)], 50), "Total: $12.00")
+        self.assertEqual(receipt([(10.0, 2)], 50), 'Total: $12.00')
 
 
-if __name__ == "__main__":
+if __name__ == '__main__':
     unittest.main()
 """
 
@@ -152,12 +154,12 @@ class StatsTest(unittest.TestCase):
         self.assertEqual(clamp(-1, 0, 10), 0)
 
 
-if __name__ == "__main__":
+if __name__ == '__main__':
     unittest.main()
 """
 
 FILES: dict[str, str] = {
-    "shop/__init__.py": '"""A tiny shop: cart arithmetic and statistics."""\n',
+    "shop/__init__.py": "# A tiny shop: cart arithmetic and statistics.\n",
     "shop/cart.py": CART,
     "shop/stats.py": STATS,
     "tests/test_cart.py": TEST_CART,
@@ -187,10 +189,11 @@ TASKS = (
     ),
     Task(
         "add-currency",
-        'Add a parameter `currency: str = "$"` to `format_price` in shop/cart.py, the text written before '
-        'the amount, so that format_price(5, "€") returns "€5.00".',
+        "Add a parameter `currency: str = '$'` to `format_price` in shop/cart.py, the text written before "
+        "the amount, so that format_price(5, 'EUR ') returns 'EUR 5.00'.",
     ),
 )
+
 
 SYSTEM = (
     "You are a coding agent working on a small Python project with these files: {files}. Answer with "
@@ -300,11 +303,12 @@ REWRITE_SHARE = 0.5  # a write repeating at least this share of the existing fil
 
 
 def repeated_share(old: str, new: str) -> float:
-    """The share of ``new``'s characters that repeat ``old`` (matching blocks)."""
-    if not new:
+    """The characters ``new`` repeats from ``old`` (matching blocks), as a share of the longer of the two
+    (a fragment of the file is not a rewrite of it)."""
+    if not new or not old:
         return 0.0
     blocks = difflib.SequenceMatcher(None, old, new, autojunk=False).get_matching_blocks()
-    return sum(b.size for b in blocks) / len(new)
+    return sum(b.size for b in blocks) / max(len(old), len(new))
 
 
 def step_kind(tool_calls: list[tuple[str, str]], files: dict[str, str]) -> str:

@@ -62,6 +62,8 @@ def test_step_kinds() -> None:
     assert step_kind([("read_file", '{"path": "shop/stats.py"}'), write], FILES) == "rewrite"
     new = ("write_file", json.dumps({"path": "shop/stats.py", "content": "print('all new')\n"}))
     assert step_kind([new], FILES) == "call"
+    part = ("write_file", json.dumps({"path": "shop/stats.py", "content": STATS[:200]}))
+    assert step_kind([part], FILES) == "call"  # a fragment of the file is not a rewrite
     assert step_kind([("write_file", json.dumps({"path": "new.py", "content": fixed}))], FILES) == "call"
     assert step_kind([("run_tests", "{}")], FILES) == "call"
     assert step_kind([], FILES) == "answer"
