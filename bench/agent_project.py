@@ -199,7 +199,9 @@ SYSTEM = (
     "You are a coding agent working on a small Python project with these files: {files}. Answer with "
     "tool calls. To change a file, read it, then call write_file with the complete new file: every line "
     "of it, the unchanged lines too. After changing files, call run_tests. When the tests pass, call "
-    "finish with one short sentence saying what you changed."
+    "finish with one short sentence saying what you changed. For example, read_file gives "
+    '{{"path": "a.py", "content": "# A.\\nX = 1\\n"}}, and to set X to 2 you call write_file with '
+    '{{"path": "a.py", "content": "# A.\\nX = 2\\n"}}.'
 )
 
 
@@ -221,7 +223,11 @@ def tool_schemas(files: list[str]) -> list[dict[str, Any]]:
     path = {"type": "string", "description": "the file's path, e.g. shop/cart.py"}
     return [
         fn("list_files", "The project's files, one per line.", {}),
-        fn("read_file", "A file's whole content.", {"path": {**path, "enum": sorted(files)}}),
+        fn(
+            "read_file",
+            "A file's whole content (JSON: its path and content).",
+            {"path": {**path, "enum": sorted(files)}},
+        ),
         fn(
             "write_file",
             "Replace a file (or create it) with the complete new content.",
@@ -257,7 +263,8 @@ class Project:
                 path = str(args.get("path", ""))
                 if path not in self.files:
                     return f"error: no such file: {path}"
-                return self.files[path]
+                # as JSON, the form a write_file call gives it back in (raw text: see docs/benchmarks.md)
+                return json.dumps({"path": path, "content": self.files[path]})
             if name == "write_file":
                 path, content = args.get("path"), args.get("content")
                 if not isinstance(path, str) or not path or not isinstance(content, str):

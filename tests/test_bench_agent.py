@@ -20,7 +20,10 @@ pytestmark = pytest.mark.timeout(120)
 def test_tools_read_write_and_refuse() -> None:
     p = Project()
     assert p.call("list_files", "{}").splitlines() == sorted(FILES)
-    assert p.call("read_file", '{"path": "shop/stats.py"}') == STATS
+    assert json.loads(p.call("read_file", '{"path": "shop/stats.py"}')) == {
+        "path": "shop/stats.py",
+        "content": STATS,
+    }
     assert p.call("read_file", '{"path": "nope.py"}') == "error: no such file: nope.py"
     assert p.call("read_file", "{not json").startswith("error: the arguments are not JSON")
     assert (
