@@ -238,3 +238,45 @@ def test_the_drafting_history_learns_chats_forgets_deleted_ones_and_shows_in_set
     qtbot.waitUntil(lambda: "conversation" in dlg.history.size.text(), timeout=WAIT)
     assert "1 conversation" in dlg.history.size.text()
     dlg.reject()
+
+
+def test_a_message_sent_while_the_pair_loads_waits_and_is_answered(qtbot, open_window, tiny_pair) -> None:
+    w = open_window(load=False)
+    w.load_pair(str(tiny_pair.target), str(tiny_pair.draft))
+    assert w.loading and w.send_button.isEnabled()
+    assert "Load a model first" not in w.statusBar().currentMessage()
+    with qtbot.waitSignal(w.replyFinished, timeout=WAIT) as sig:
+        send(qtbot, w, "hi")  # Enter, while the pair loads
+        assert w.composer.toPlainText() == ""  # taken at once, not left in the box
+        (user,) = w.chat.messages
+        assert user.text == "hi" and "model is loading" in user.info.text()
+        send(qtbot, w, "there")  # a second message joins the waiting one
+        assert [m.text for m in w.chat.messages] == ["hi\n\nthere"]
+    assert sig.args[0] in ("eog", "length")
+    user, reply = w.chat.messages
+    assert user.info.text() == "" and reply.role == "assistant" and reply.text
+    assert w.store.messages(w.conversation.id)[0].content == "hi\n\nthere"
+
+
+def test_a_message_sent_while_the_pair_calibrates_waits_for_it_and_is_answered(
+    qtbot, open_window, tiny_pair
+) -> None:
+    w = open_window(load=False)
+    order: list[str] = []
+    w.worker.calibrated.connect(lambda _steps: order.append("calibrated"))
+    w.worker.started.connect(lambda _ev: order.append("started"))
+    notes: list[str] = []
+
+    def send_now(_info: object) -> None:  # the pair is loaded; its calibration has not reported yet
+        assert w.calibrating
+        w.composer.setPlainText("hello")
+        qtbot.keyClick(w.composer, Qt.Key.Key_Return)
+        notes.append(w.chat.messages[-1].info.text())
+
+    w.modelLoaded.connect(send_now)
+    with qtbot.waitSignal(w.replyFinished, timeout=WAIT) as sig:
+        w.load_pair(str(tiny_pair.target), str(tiny_pair.draft))
+    assert sig.args[0] in ("eog", "length")
+    assert notes and "measuring plain decoding" in notes[0]
+    assert order[:2] == ["calibrated", "started"] and not w.calibrating
+    assert [m.role for m in w.chat.messages] == ["user", "assistant"] and w.chat.messages[-1].text

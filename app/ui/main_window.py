@@ -71,7 +71,9 @@ class MainWindow(QMainWindow):
         self.worker = EngineWorker(client)
         self.client = self.worker.client
         self.loading = False
+        self.calibrating = False  # the short plain run after a load (replies wait behind it)
         self.generating = False
+        self.waiting: tuple[int, int] | None = None  # (conversation, message) sent while a pair loads
         self.settings_dialog: SettingsDialog | None = None
         self.shut_down = False
 
@@ -192,6 +194,7 @@ class MainWindow(QMainWindow):
         w.finished.connect(self.reply.on_finished)
         w.failed.connect(self.reply.on_failed)
         w.calibrated.connect(self.reply.on_calibrated)
+        w.calibrated.connect(self._on_calibrated)
 
     # -- state held by the views --------------------------------------------------------------------
     @property
@@ -243,6 +246,8 @@ class MainWindow(QMainWindow):
             self.stop()
         self.settings = replace(self.settings, last_target=str(target), last_draft=str(draft or ""))
         self.settings.write(self.data)
+        self.loading = True  # at once: a message sent before the worker reports waits for the pair
+        self._update_model_state()
         try:
             self.worker.load(self.settings.load(str(target), str(draft) if draft else None))
         except Exception as e:  # bad settings
@@ -272,14 +277,25 @@ class MainWindow(QMainWindow):
         self.reply.plain_cost = PlainCost()
         self._update_model_state()
         self.status.update_memory()
+        self.calibrating = True
         self.worker.calibrate()
         self.modelLoaded.emit(info)
+        if self.waiting is not None:
+            self._send_waiting()
+
+    def _on_calibrated(self, _steps: object) -> None:
+        self.calibrating = False
 
     def _on_load_failed(self, message: str) -> None:
         if self.shut_down:  # a late event after the window closed
             return
         self.loading = False
         self.status.load_failed()
+        if self.waiting is not None:
+            widget = self._waiting_widget()
+            if widget is not None:
+                widget.set_info("not sent: the model did not load (Edit to send it again)")
+            self.waiting = None
         self._update_model_state()
         self.status.show_failure(message)
         if not self.chat.messages:
@@ -355,8 +371,14 @@ class MainWindow(QMainWindow):
         if self.generating:
             self.statusBar().showMessage("A reply is still being written: Stop it first (Esc).", 4000)
             return
-        if not self.info:
+        if not self.info and not self.loading:
             self.statusBar().showMessage("Load a model first (File › Load model files…).", 5000)
+            return
+        self.composer.clear()
+        waiting = self._waiting_widget()
+        if waiting is not None:  # a second message while the first waits: both go as one
+            waiting.set_text(f"{waiting.text}\n\n{text}")
+            self.store.update_message(waiting.message_id, waiting.text)
             return
         if self.conversations.conversation is None:
             self.conversations.conversation = self.store.create()
@@ -364,10 +386,37 @@ class MainWindow(QMainWindow):
         if conv.title == NEW_TITLE:
             self.conversations.set_title(" ".join(text.split())[:48])
         msg = self.store.add_message(conv.id, "user", text)
-        self.wire_message(self.chat.add_message("user", text, message_id=msg.id))
-        self.composer.clear()
+        widget = self.chat.add_message("user", text, message_id=msg.id)
+        self.wire_message(widget)
         self.conversations.refresh()
+        if self.loading:  # sent as soon as the pair is loaded
+            self.waiting = (conv.id, msg.id)
+            widget.set_info("waiting: the model is loading, this message is sent once it is ready")
+            self.update_actions()
+            return
         self.reply.start()
+
+    def _send_waiting(self) -> None:
+        """Send the message that waited for the pair to load (if it is still the chat's last)."""
+        waiting, self.waiting = self.waiting, None
+        if waiting is None or self.generating:
+            return
+        conversation_id, message_id = waiting
+        msgs = self.store.messages(conversation_id)
+        if not msgs or msgs[-1].id != message_id:
+            return  # edited or deleted meanwhile
+        if self.conversation is None or self.conversation.id != conversation_id:
+            self.open_conversation(conversation_id)
+        widget = self.chat.messages[-1] if self.chat.messages else None
+        if widget is not None:
+            widget.set_info("")
+        self.reply.start()
+
+    def _waiting_widget(self) -> MessageWidget | None:
+        """The chat's message that waits for the pair to load, if it is shown."""
+        if self.waiting is None or self.conversation is None or self.conversation.id != self.waiting[0]:
+            return None
+        return next((m for m in self.chat.messages if m.message_id == self.waiting[1]), None)
 
     def stop(self) -> None:
         """Stop the reply being written (takes effect within one round)."""
@@ -421,7 +470,8 @@ class MainWindow(QMainWindow):
         """Enable the actions and the messages' buttons that apply now."""
         ready = bool(self.info) and not self.loading and not self.speed_check.running
         self.speed_check.set_ready(ready and not self.generating and self.status.remote is None)
-        self.send_button.setEnabled(self.generating or ready)
+        # a message sent while a pair loads waits for it
+        self.send_button.setEnabled(self.generating or ready or self.loading)
         self.stop_action.setEnabled(self.generating)
         self.regen_action.setEnabled(ready and not self.generating)
         self.edit_action.setEnabled(not self.generating)

@@ -62,7 +62,10 @@ class ReplyStream(QObject):
         self.chunks = []
         self.widget = w.chat.add_message("assistant")
         w.wire_message(self.widget)
-        self.widget.set_info("thinking…")
+        # a reply sent right after a load waits for the short plain run that measures this machine
+        self.widget.set_info(
+            "waiting: the engine is measuring plain decoding first…" if w.calibrating else "thinking…"
+        )
         if w.highlight_action.isChecked():
             self.widget.set_highlight([])
         self.meter = ReplyMeter(t_sent=time.perf_counter())
@@ -79,6 +82,8 @@ class ReplyStream(QObject):
     def on_started(self, ev: Started) -> None:
         if self.meter is not None:
             self.meter.started(ev)
+        if self.widget is not None and not self.chunks:
+            self.widget.set_info("thinking…")
 
     def on_steps(self, steps: list[Step]) -> None:
         if self.main.shut_down:  # a late event after the window closed

@@ -61,7 +61,7 @@ class EngineWorker(QObject):
     steps = Signal(list)  # list[Step], coalesced
     finished = Signal(object)  # Finished, or None when cancelled before it started
     failed = Signal(str, bool)  # message, the engine process crashed
-    calibrated = Signal(list)  # list[Step] of a short plain-decoding run
+    calibrated = Signal(list)  # list[Step] of a short plain-decoding run (empty: it failed)
     checkProgress = Signal(int, int)  # generations done, of how many
     checked = Signal(object)  # CheckResult, or None (cancelled, or no text)
     historyInfo = Signal(object)  # HistoryInfo, after a history request
@@ -289,6 +289,7 @@ class EngineWorker(QObject):
 
     def _do_calibrate(self, job: _Job) -> None:
         if self.client.settings is None:
+            self._emit("calibrated", [])
             return
         t0 = time.perf_counter()
         steps: list[Step] = []
@@ -299,6 +300,7 @@ class EngineWorker(QObject):
                     steps.append(event)
         except Exception as e:  # not worth bothering the user: the estimate just stays unknown
             log.warning("calibrating plain decoding failed: %s", e)
+            self._emit("calibrated", [])  # (replies waiting for it go on)
             return
         log.info("calibrated plain decoding in %.2f s", time.perf_counter() - t0)
         self._emit("calibrated", steps)
