@@ -23,7 +23,7 @@ PROMPT = "Write a long story"
 
 
 def _settings(args: argparse.Namespace):
-    from app.ui.settings import AppSettings
+    from app.ui.core.settings import AppSettings
 
     return AppSettings(
         speculative=args.mode != "plain",
@@ -78,7 +78,7 @@ def in_app(args: argparse.Namespace, target: str, draft: str | None) -> list[dic
     from PySide6.QtWidgets import QApplication
 
     from app.ui.main_window import MainWindow
-    from app.ui.theme import apply_theme
+    from app.ui.shared.theme import apply_theme
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     apply_theme(app)  # type: ignore[arg-type]

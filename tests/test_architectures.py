@@ -28,7 +28,7 @@ from app.engine.sampling import SamplingParams
 from app.engine.speculative import TargetCache, generate
 from app.server.responses import timings
 from app.tiny_arch import write_tiny_arch_pair
-from app.ui.wording import describe_decision
+from app.ui.shared.wording import describe_decision
 
 pytestmark = pytest.mark.timeout(300)
 

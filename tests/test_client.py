@@ -277,7 +277,7 @@ def test_the_ui_never_loads_llama_cpp() -> None:
     import sys
 
     code = (
-        "import sys; import app.ui.app, app.ui.main_window, app.ui.models_panel; "
+        "import sys; import app.ui.app, app.ui.main_window, app.ui.models.models_panel; "
         "print('llama_cpp' in sys.modules)"
     )
     out = subprocess.run(

@@ -12,7 +12,7 @@ import pytest
 from keyring.backend import KeyringBackend
 from keyring.backends import fail
 
-from app.ui.secrets import SERVICE, Secrets
+from app.ui.core.secrets import SERVICE, Secrets
 
 
 class MemoryKeyring(KeyringBackend):

@@ -14,10 +14,10 @@ from PySide6.QtCore import QEvent, Qt
 from PySide6.QtWidgets import QApplication, QPushButton
 
 from api_server import free_port
-from app.ui.local_server import bind_socket
+from app.ui.core.settings import AppSettings
 from app.ui.main_window import MainWindow
-from app.ui.server_dialog import examples
-from app.ui.settings import AppSettings
+from app.ui.server.local_server import bind_socket
+from app.ui.server.server_dialog import examples
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_leaked_threads")]
 

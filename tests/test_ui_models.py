@@ -16,20 +16,20 @@ from pathlib import Path
 
 import pytest
 from arch_headers import hybrid_and_moe
-from PySide6.QtCore import QEvent, Qt
+from PySide6.QtCore import QEvent, QObject, Qt, Signal
 from PySide6.QtWidgets import QApplication, QWidget
 
 from app.gguf.compat import check_files
 from app.gguf.split import part_names
 from app.tiny_gguf import write_tiny_llama
-from app.ui import models_panel
-from app.ui.catalog_table import BadgeRole, CatalogTableModel
-from app.ui.downloads import CANCELLED, DONE, FAILED
-from app.ui.downloads_view import DownloadRow, fmt_eta
-from app.ui.models_install import install_models_panel
-from app.ui.models_panel import ModelsPanel, should_show_first_run
-from app.ui.pair_chooser import normalize_ref
-from app.ui.settings import AppSettings
+from app.ui.core.settings import AppSettings
+from app.ui.models import models_panel
+from app.ui.models.catalog_table import BadgeRole, CatalogTableModel
+from app.ui.models.downloads import CANCELLED, DONE, FAILED
+from app.ui.models.downloads_view import DownloadRow, fmt_eta
+from app.ui.models.models_install import install_models_panel
+from app.ui.models.models_panel import ModelsPanel, should_show_first_run
+from app.ui.models.pair_chooser import normalize_ref
 from fakehub import FakeHub
 from models_registry import library
 from models_registry.bandwidth import Bandwidth
@@ -512,20 +512,21 @@ def test_installed_folders_use_and_delete(make_panel, qtbot, tmp_path: Path, tin
     assert panel.installed.model_items() == [] and (folder / "my-draft.gguf").exists()
 
 
-class StubWindow(QWidget):
-    """What `install_models_panel` needs of the main window."""
+class StubSession(QObject):
+    """What `install_models_panel` needs of the session (`app.ui.core.session.Session`)."""
+
+    settingsChanged = Signal(object)
+    pairLoaded = Signal(object)
+    client = None
 
     def __init__(self) -> None:
         super().__init__()
         self.settings = AppSettings(n_ctx=8192, n_max=8, p_min=0.0)
-        self.panels: list[tuple[str, QWidget]] = []
         self.loads: list[tuple[str, str | None]] = []
-
-    def add_panel(self, title: str, widget: QWidget) -> None:
-        self.panels.append((title, widget))
 
     def apply_settings(self, new: AppSettings) -> None:
         self.settings = new
+        self.settingsChanged.emit(new)
 
     def load_pair(self, target: str, draft: str | None = None) -> None:
         self.loads.append((target, draft))
@@ -534,11 +535,11 @@ class StubWindow(QWidget):
 def test_install_models_panel_wires_load_with_suggested_settings(
     qtbot, make_panel, tmp_path: Path, tiny_pair, no_threads_left
 ) -> None:
-    win = StubWindow()
-    qtbot.addWidget(win)
+    win = StubSession()
     panel = install_models_panel(win, machine=LAPTOP, folders_path=tmp_path / "library.json")
+    qtbot.addWidget(panel)
     try:
-        assert win.panels == [("Models", panel)] and panel.n_ctx == 8192
+        assert isinstance(panel, ModelsPanel) and panel.n_ctx == 8192
         pair = default_catalog().pairs[0]
         panel.pairLoadRequested.emit(str(tiny_pair.target), str(tiny_pair.draft), pair)
         assert win.loads == [(str(tiny_pair.target), str(tiny_pair.draft))]
@@ -623,7 +624,7 @@ def test_panel_takes_the_gpus_from_the_engine(make_panel, qtbot, monkeypatch: py
 
 
 def test_usable_speed_is_a_setting(qtbot, tmp_path: Path) -> None:
-    from app.ui.settings_dialog import SettingsDialog
+    from app.ui.settings.dialog import SettingsDialog
 
     assert AppSettings().min_speed == 15.0
     dlg = SettingsDialog(AppSettings(min_speed=8.0))
@@ -640,13 +641,13 @@ def test_usable_speed_is_a_setting(qtbot, tmp_path: Path) -> None:
 def test_install_models_panel_follows_the_settings(
     qtbot, make_panel, tmp_path: Path, no_threads_left
 ) -> None:
-    win = StubWindow()
-    qtbot.addWidget(win)
+    win = StubSession()
     panel = install_models_panel(win, machine=EPYC, folders_path=tmp_path / "library.json")
+    qtbot.addWidget(panel)
     try:
         assert panel.min_speed == 15.0
         win.apply_settings(dataclasses.replace(win.settings, min_speed=1.0, n_ctx=2048))
-        assert win.settings.min_speed == 1.0  # the window's own apply_settings still runs
+        assert win.settings.min_speed == 1.0  # the session's own apply_settings runs
         assert (panel.min_speed, panel.n_ctx) == (1.0, 2048)
     finally:
         panel.shutdown()

@@ -10,11 +10,11 @@ import pytest
 from PySide6.QtCore import Qt
 
 from app.engine import Action, Decision, Declined, Policy, Source, Step
-from app.ui.composer import Composer
-from app.ui.markdown import Segment, draft_html, render_code, render_prose, split_segments
-from app.ui.metrics import PlainCost, ReplyMeter, Rolling, draft_share
-from app.ui.settings import AppSettings
-from app.ui.store import Store
+from app.ui.chat.composer import Composer
+from app.ui.core.settings import AppSettings
+from app.ui.core.store import Store
+from app.ui.shared.markdown import Segment, draft_html, render_code, render_prose, split_segments
+from app.ui.shared.metrics import PlainCost, ReplyMeter, Rolling, draft_share
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -174,7 +174,7 @@ def test_meter_figures_and_draft_spans() -> None:
 
 
 def test_status_names_a_declined_lookup_match_while_paused() -> None:
-    from app.ui.wording import status_text
+    from app.ui.shared.wording import status_text
 
     m = ReplyMeter(t_sent=0.0)
     m.add(step("x", (False,), k=0, decision=PAUSED), now=0.1)
@@ -190,7 +190,7 @@ def test_status_names_a_declined_lookup_match_while_paused() -> None:
 
 
 def test_status_words_each_decision_from_its_fields() -> None:
-    from app.ui.wording import describe_decision, status_text
+    from app.ui.shared.wording import describe_decision, status_text
 
     lookup = Decision(
         Action.DRAFT,
@@ -271,7 +271,7 @@ def test_gpu_layers_default_to_auto_and_are_saved_as_words(tmp_path, ui_data_dir
 
 def test_status_bar_says_where_the_pair_runs() -> None:
     from app.engine import Device, EngineInfo, ModelInfo, Offload
-    from app.ui.status_bar import backend_text
+    from app.ui.chat.status_bar import backend_text
 
     gpu = Device("CUDA0", "NVIDIA GeForce RTX 4060", "GPU", 7 * 10**9, 8 * 10**9)
     cpu = Device("CPU", "AMD Ryzen 7", "CPU", 0, 0)

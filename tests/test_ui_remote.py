@@ -17,10 +17,10 @@ from PySide6.QtWidgets import QApplication
 from api_server import Running, start
 from app.engine import EngineClient, LoadSettings
 from app.server.served import Served
+from app.ui.core.secrets import Secrets
+from app.ui.core.settings import AppSettings
 from app.ui.main_window import MainWindow
-from app.ui.secrets import Secrets
-from app.ui.servers_view import ServersView, attach_servers, load_servers
-from app.ui.settings import AppSettings
+from app.ui.models.servers_view import ServersView, attach_servers, load_servers
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_leaked_threads")]
 
@@ -60,7 +60,7 @@ def window(qtbot, ui_data_dir, no_os_keyring):
     w.apply_settings(FAST)
     view = ServersView(data=ui_data_dir)
     w.add_panel("Servers", view)
-    attach_servers(w, view)
+    attach_servers(w.session, view, w.local_server.menu)
     w.show()
     yield w, view
     view.shutdown()

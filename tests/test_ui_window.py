@@ -16,8 +16,8 @@ import pytest
 from PySide6.QtCore import QEvent, Qt
 from PySide6.QtWidgets import QApplication
 
+from app.ui.core.settings import AppSettings
 from app.ui.main_window import MainWindow
-from app.ui.settings import AppSettings
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("no_leaked_threads")]
 

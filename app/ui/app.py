@@ -10,9 +10,9 @@ from pathlib import Path
 from PySide6.QtWidgets import QApplication
 
 from app.ui.main_window import MainWindow
-from app.ui.models_install import install_models_panel
-from app.ui.servers_view import attach_servers
-from app.ui.theme import apply_theme
+from app.ui.models.models_install import install_models_panel
+from app.ui.models.servers_view import attach_servers
+from app.ui.shared.theme import apply_theme
 
 
 def run_app(argv: Sequence[str] | None = None, target: str | None = None, draft: str | None = None) -> int:
@@ -26,8 +26,10 @@ def run_app(argv: Sequence[str] | None = None, target: str | None = None, draft:
     app.setOrganizationName("Tandem")
     apply_theme(app)  # type: ignore[arg-type]
     window = MainWindow()
-    panel = install_models_panel(window)
-    attach_servers(window, panel.servers)  # the Servers tab sends the chat to a remote server
+    panel = install_models_panel(window.session)
+    window.add_panel("Models", panel)
+    # the Servers tab sends the chat to a remote server (also from the Server menu)
+    attach_servers(window.session, panel.servers, window.local_server.menu)
     window.panel_width(panel, 640)  # the catalog table needs room while its tab is open
     window.show()
     if panel.should_show_first_run() and not target:

@@ -1,0 +1,1 @@
+"""The Models panel: the catalog, downloads, installed files, a custom pair and remote servers."""

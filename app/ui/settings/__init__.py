@@ -1,0 +1,1 @@
+"""The Settings dialog and its drafting-history box."""
