@@ -1,6 +1,6 @@
 """Where the registry keeps what it measures on this machine (the app's data folder), written atomically.
 
-The same folder as the app's settings and conversations (`app.ui.paths.data_dir`): ``$TANDEM_DATA_DIR``
+The same folder as the app's settings and conversations (`app.ui.core.paths.data_dir`): ``$TANDEM_DATA_DIR``
 or the platform's user data directory (``platformdirs``).
 """
 

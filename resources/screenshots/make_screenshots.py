@@ -35,14 +35,15 @@ def main() -> int:
     from PySide6.QtWidgets import QApplication
 
     from app.ui.main_window import MainWindow
-    from app.ui.models_install import install_models_panel
-    from app.ui.theme import apply_theme
+    from app.ui.models.models_install import install_models_panel
+    from app.ui.shared.theme import apply_theme
 
     app = QApplication(sys.argv[:1])
     app.setApplicationName("Tandem")
     apply_theme(app)  # type: ignore[arg-type]
     window = MainWindow()
-    panel = install_models_panel(window)
+    panel = install_models_panel(window.session)
+    window.add_panel("Models", panel)
     window.panel_width(panel, 640)
     window.apply_settings(
         dataclasses.replace(window.settings, draft_source=args.mode, max_tokens=args.max_tokens)
