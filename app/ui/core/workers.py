@@ -1,8 +1,9 @@
 """The engine thread: one Python thread runs every blocking ``EngineClient`` call, in order.
 
-:class:`EngineWorker` is a QObject living in the GUI thread. Jobs (load, generate, calibrate) run on its
-thread; everything they report crosses back through one queued signal and is re-emitted from the GUI
-thread, so every public signal is delivered in the GUI thread. Step events are coalesced: the engine
+:class:`EngineWorker` is a QObject living in the GUI thread. Jobs, one type for each kind of work
+(`LoadJob`, `GenerateJob`, `CalibrateJob`, `CheckJob`, `ConnectJob`, `HistoryJob`), run on its thread;
+everything they report crosses back through one queued signal as (the worker's signal, its arguments)
+and is emitted from the GUI thread, so every public signal is delivered in the GUI thread. Step events are coalesced: the engine
 thread appends them to a buffer and posts at most one wake-up until the GUI has drained it, so a fast
 model cannot flood the event loop. Cancelling stops the worker's own reply (thread-safe; the engine stops
 within one round), never killing a thread, nor a request of the local server's that holds the engine.
@@ -22,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from PySide6.QtCore import QObject, Qt, Signal, Slot
+from PySide6.QtCore import QObject, Qt, Signal, SignalInstance, Slot
 
 from app.engine import (
     EngineClient,
@@ -40,14 +41,53 @@ from app.ui.core import forgotten
 log = logging.getLogger("tandem.ui")
 
 CALIBRATION_PROMPT = [{"role": "user", "content": "Say hello."}]
+_STEPS = object()  # posted: steps wait in the buffer
+_IDLE = object()  # posted: a job ended
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Job:
-    kind: str  # load | generate | calibrate | check | connect | stop
-    payload: Any = None
+    """One piece of work for the engine thread; ``cancelled`` is set from the GUI thread."""
+
     cancelled: bool = False
-    messages: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class LoadJob(_Job):
+    settings: LoadSettings
+
+
+@dataclass(kw_only=True)
+class GenerateJob(_Job):
+    messages: list[dict[str, Any]]
+    settings: GenerationSettings
+
+
+@dataclass(kw_only=True)
+class CalibrateJob(_Job):
+    pass
+
+
+@dataclass(kw_only=True)
+class CheckJob(_Job):
+    prompts: list[str]
+    settings: GenerationSettings
+
+
+@dataclass(kw_only=True)
+class ConnectJob(_Job):
+    remote: Any  # an app.remote_client.RemoteClient, or None: the engine again
+
+
+@dataclass(kw_only=True)
+class HistoryJob(_Job):
+    action: str  # info | forget | remove
+    documents: list[str] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class StopJob(_Job):
+    pass
 
 
 class EngineWorker(QObject):
@@ -69,7 +109,7 @@ class EngineWorker(QObject):
     connected = Signal(object)  # RemoteInfo: the chat goes to a remote server (None: to the engine again)
     connectFailed = Signal(str)
 
-    _post = Signal(object)  # engine thread -> GUI thread
+    _post = Signal(object)  # engine thread -> GUI thread: (signal, args), _STEPS or _IDLE
 
     def __init__(
         self,
@@ -99,41 +139,41 @@ class EngineWorker(QObject):
 
     # -- requests (GUI thread) ----------------------------------------------------------------------
     def load(self, settings: LoadSettings) -> None:
-        self._submit(_Job("load", settings))
+        self._submit(LoadJob(settings=settings))
 
     def generate(self, messages: Sequence[Mapping[str, Any]], settings: GenerationSettings) -> None:
-        job = _Job("generate", settings, messages=[dict(m) for m in messages])
+        job = GenerateJob(messages=[dict(m) for m in messages], settings=settings)
         with self._lock:
             self._queued_generate = job
         self._submit(job)
 
     def calibrate(self) -> None:
         """Measure plain decoding's step cost with a short plain reply (for the speedup estimate)."""
-        self._submit(_Job("calibrate"))
+        self._submit(CalibrateJob())
 
     def check(self, prompts: Sequence[str], settings: GenerationSettings) -> None:
         """Does speculation pay here? Plain decoding against ``settings.mode`` on ``prompts``."""
-        self._submit(_Job("check", settings, messages=[{"content": p} for p in prompts]))
+        self._submit(CheckJob(prompts=list(prompts), settings=settings))
 
     def use_remote(self, remote: Any) -> None:
         """Chat with ``remote`` (an ``app.remote_client.RemoteClient``) instead of the engine once it
         answers (``connected`` with its ``connect()``, or ``connectFailed``); None: the engine again."""
-        self._submit(_Job("connect", remote))
+        self._submit(ConnectJob(remote=remote))
 
     def history(self, action: str = "info", documents: Sequence[str] = ()) -> None:
         """Ask about the drafting history (``info``), ``forget`` it, or ``remove`` documents."""
-        self._submit(_Job("history", action, messages=[{"content": d} for d in documents]))
+        self._submit(HistoryJob(action=action, documents=list(documents)))
 
     def cancel(self) -> None:
         """Stop the running (or queued) reply or check; the engine finishes the current round."""
         with self._lock:
             for job in (self._current, self._queued_generate):
-                if job is not None and job.kind in ("generate", "check"):
+                if isinstance(job, GenerateJob | CheckJob):
                     job.cancelled = True
             stream, current, holds = self._stream, self._current, self._holds_turn
         if stream is not None:
             stream.cancel()
-        elif holds and current is not None and current.kind in ("check", "calibrate"):
+        elif holds and isinstance(current, CheckJob | CalibrateJob):
             self.client.cancel()
 
     @property
@@ -146,7 +186,7 @@ class EngineWorker(QObject):
             return
         self._closed = True
         self.cancel()
-        self._jobs.put(_Job("stop"))
+        self._jobs.put(StopJob())
         try:
             self.client.shutdown()
         finally:
@@ -162,18 +202,18 @@ class EngineWorker(QObject):
 
     # -- GUI thread side ----------------------------------------------------------------------------
     @Slot(object)
-    def _dispatch(self, item: tuple[str, Any]) -> None:
-        kind, value = item
-        if kind == "steps":
+    def _dispatch(self, item: object) -> None:
+        if item is _STEPS:
             with self._lock:
                 batch, self._buffer = self._buffer, []
                 self._wake_pending = False
             if batch:
                 self.steps.emit(batch)
-        elif kind == "idle":
+        elif item is _IDLE:
             self._set_busy(not self._jobs.empty())
         else:
-            getattr(self, kind).emit(*value)
+            signal, args = item  # type: ignore[misc]
+            signal.emit(*args)
 
     def _set_busy(self, busy: bool) -> None:
         if busy != self._busy:
@@ -181,44 +221,62 @@ class EngineWorker(QObject):
             self.busyChanged.emit(busy)
 
     # -- engine thread ------------------------------------------------------------------------------
-    def _emit(self, signal: str, *args: Any) -> None:
+    def _emit(self, signal: SignalInstance, *args: Any) -> None:
+        """Emit ``signal`` (one of this worker's) with ``args`` in the GUI thread."""
         self._post.emit((signal, args))
 
     def _run(self) -> None:
         while True:
             job = self._jobs.get()
-            if job.kind == "stop":
+            if isinstance(job, StopJob):
                 return
             with self._lock:
                 self._current = job
                 if job is self._queued_generate:
                     self._queued_generate = None
-            remote = job.kind == "connect" or (job.kind == "generate" and self.remote is not None)
+            remote = isinstance(job, ConnectJob) or (isinstance(job, GenerateJob) and self.remote is not None)
             try:
                 # the engine's jobs wait for their turn; a remote server's do not
                 with contextlib.nullcontext() if remote else self.turns.turn(bounded=False):
                     self._holds_turn = not remote
-                    getattr(self, f"_do_{job.kind}")(job)
+                    self._do(job)
             except Exception:  # a bug: report it, keep the thread alive
-                log.exception("engine job %s failed", job.kind)
-                self._emit("failed", "internal error (see the log)", False)
+                log.exception("engine job %s failed", type(job).__name__)
+                self._emit(self.failed, "internal error (see the log)", False)
             finally:
                 with self._lock:
                     self._current = None
                     self._holds_turn = False
-                self._post.emit(("idle", None))
+                self._post.emit(_IDLE)
 
-    def _do_load(self, job: _Job) -> None:
-        settings: LoadSettings = job.payload
+    def _do(self, job: _Job) -> None:
+        match job:
+            case LoadJob():
+                self._load(job)
+            case GenerateJob():
+                self._generate(job)
+            case CalibrateJob():
+                self._calibrate()
+            case CheckJob():
+                self._check(job)
+            case ConnectJob():
+                self._connect(job)
+            case HistoryJob():
+                self._history(job)
+
+    def _load(self, job: LoadJob) -> None:
+        settings = job.settings
         self.remote = None  # loading a pair goes back to the engine
-        self._emit("loadStarted", settings)
+        self._emit(self.loadStarted, settings)
         try:
-            info = self.client.load(settings, progress=lambda stage, f: self._emit("loadProgress", stage, f))
+            info = self.client.load(
+                settings, progress=lambda stage, f: self._emit(self.loadProgress, stage, f)
+            )
         except Exception as e:
             if not self._closed:
-                self._emit("loadFailed", _describe(e))
+                self._emit(self.loadFailed, _describe(e))
             return
-        self._emit("loaded", info)
+        self._emit(self.loaded, info)
         removed = forgotten.documents()
         if removed and settings.history_dir:
             try:
@@ -226,12 +284,12 @@ class EngineWorker(QObject):
             except Exception as e:
                 log.warning("removing deleted chats from the drafting history failed: %s", e)
 
-    def _do_generate(self, job: _Job) -> None:
+    def _generate(self, job: GenerateJob) -> None:
         if job.cancelled:
-            self._emit("finished", None)
+            self._emit(self.finished, None)
             return
         try:
-            stream = (self.remote or self.client).generate(messages=job.messages, settings=job.payload)
+            stream = (self.remote or self.client).generate(messages=job.messages, settings=job.settings)
             with self._lock:
                 self._stream = stream
             with stream:
@@ -246,50 +304,50 @@ class EngineWorker(QObject):
                             wake = not self._wake_pending
                             self._wake_pending = True
                         if wake:
-                            self._post.emit(("steps", None))
+                            self._post.emit(_STEPS)
                     elif isinstance(event, Started):
-                        self._emit("started", event)
+                        self._emit(self.started, event)
                     elif isinstance(event, Finished):
-                        self._emit("finished", event)
+                        self._emit(self.finished, event)
         except EngineCrashedError as e:
             if self._closed:
                 return
-            self._emit("failed", _describe(e), True)
+            self._emit(self.failed, _describe(e), True)
             self._restart()
         except Exception as e:
             if not self._closed:
-                self._emit("failed", _describe(e), False)
+                self._emit(self.failed, _describe(e), False)
         finally:
             with self._lock:
                 self._stream = None
 
-    def _do_connect(self, job: _Job) -> None:
+    def _connect(self, job: ConnectJob) -> None:
         try:
-            info = job.payload.connect() if job.payload is not None else None
+            info = job.remote.connect() if job.remote is not None else None
         except Exception as e:
             if not self._closed:
-                self._emit("connectFailed", _describe(e))
+                self._emit(self.connectFailed, _describe(e))
             return
-        self.remote = job.payload
-        self._emit("connected", info)
+        self.remote = job.remote
+        self._emit(self.connected, info)
 
     def _restart(self) -> None:
         """After a crash: a fresh engine process with the same models, so the next message works."""
         if self.client.settings is None:
             return
-        self._emit("loadStarted", self.client.settings)
+        self._emit(self.loadStarted, self.client.settings)
         try:
-            info = self.client.restart(progress=lambda stage, f: self._emit("loadProgress", stage, f))
+            info = self.client.restart(progress=lambda stage, f: self._emit(self.loadProgress, stage, f))
         except Exception as e:
             if not self._closed:
-                self._emit("loadFailed", f"restarting the engine failed: {_describe(e)}")
+                self._emit(self.loadFailed, f"restarting the engine failed: {_describe(e)}")
             return
         if info is not None:
-            self._emit("loaded", info)
+            self._emit(self.loaded, info)
 
-    def _do_calibrate(self, job: _Job) -> None:
+    def _calibrate(self) -> None:
         if self.client.settings is None:
-            self._emit("calibrated", [])
+            self._emit(self.calibrated, [])
             return
         t0 = time.perf_counter()
         steps: list[Step] = []
@@ -300,47 +358,47 @@ class EngineWorker(QObject):
                     steps.append(event)
         except Exception as e:  # not worth bothering the user: the estimate just stays unknown
             log.warning("calibrating plain decoding failed: %s", e)
-            self._emit("calibrated", [])  # (replies waiting for it go on)
+            self._emit(self.calibrated, [])  # (replies waiting for it go on)
             return
         log.info("calibrated plain decoding in %.2f s", time.perf_counter() - t0)
-        self._emit("calibrated", steps)
+        self._emit(self.calibrated, steps)
 
-    def _do_check(self, job: _Job) -> None:
+    def _check(self, job: CheckJob) -> None:
         if self.client.settings is None:
-            self._emit("checked", None)
+            self._emit(self.checked, None)
             return
         try:
             result = run_check(
                 self.client,
-                job.payload,
-                [m["content"] for m in job.messages],
-                progress=lambda done, total: self._emit("checkProgress", done, total),
+                job.settings,
+                job.prompts,
+                progress=lambda done, total: self._emit(self.checkProgress, done, total),
                 cancelled=lambda: job.cancelled,
             )
         except EngineCrashedError as e:
             if not self._closed:
-                self._emit("failed", _describe(e), True)
+                self._emit(self.failed, _describe(e), True)
                 self._restart()
             return
         except Exception as e:
             if not self._closed:
-                self._emit("failed", _describe(e), False)
+                self._emit(self.failed, _describe(e), False)
             return
-        self._emit("checked", result)
+        self._emit(self.checked, result)
 
-    def _do_history(self, job: _Job) -> None:
-        documents = [m["content"] for m in job.messages]
-        if job.payload == "remove":
+    def _history(self, job: HistoryJob) -> None:
+        documents = job.documents
+        if job.action == "remove":
             # every tokenizer family keeps its own history: remove from the others when they load
             forgotten.remember(documents)
         if self.client.settings is None:
             return
         try:
-            info = self.client.history(job.payload, documents)
+            info = self.client.history(job.action, documents)
         except Exception as e:  # not worth failing a chat over
             log.warning("drafting history request failed: %s", e)
             return
-        self._emit("historyInfo", info)
+        self._emit(self.historyInfo, info)
 
 
 def _describe(e: BaseException) -> str:

@@ -497,6 +497,3 @@ class ModelsPanel(QWidget):
             QMessageBox.StandardButton.Cancel,
         )  # fmt: skip
         return answer == QMessageBox.StandardButton.Yes
-
-
-# ------------------------------------------------------------------------------------------ wiring
