@@ -160,9 +160,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from app.engine import (
         EngineError,
         Finished,
+        FinishReason,
         GenerationSettings,
         LlamaError,
         LoadSettings,
+        Mode,
         PromptTooLongError,
         SamplingError,
         Step,
@@ -171,9 +173,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     try:
         text = _read_prompt(args)
-        mode = args.mode
         settings = GenerationSettings.from_options(
-            mode,
+            args.mode,
             temperature=args.temperature,
             top_k=args.top_k,
             top_p=args.top_p,
@@ -187,14 +188,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
             adaptive=not args.no_adaptive,
             stop=tuple(args.stop),
         )
-        if mode == "speculative" and not args.draft:
+        mode = settings.mode
+        drafts_with_model = mode in (Mode.SPECULATIVE, Mode.AUTO)  # the draft model is loaded
+        if mode is Mode.SPECULATIVE and not args.draft:
             raise EngineError("--mode speculative needs --draft (or use --mode lookup)")
         check_model_file(args.target)  # a broken file is one line here, not llama.cpp's log
-        if args.draft and mode in ("speculative", "auto"):
+        if args.draft and drafts_with_model:
             check_model_file(args.draft)
         load = LoadSettings(
             target=args.target,
-            draft=args.draft if mode in ("speculative", "auto") else None,
+            draft=args.draft if drafts_with_model else None,
             n_ctx=args.ctx,
             n_threads=args.threads,
             n_gpu_layers=parse_gpu_layers(args.gpu_layers),
@@ -228,7 +231,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             elif isinstance(event, Finished):
                 finished = event
         assert finished is not None
-        cancelled = finished.reason == "cancelled"
+        cancelled = finished.reason is FinishReason.CANCELLED
         compared = None
         if args.compare_plain and not cancelled:
             compared = _compare_plain(client, prompt, settings, finished)
@@ -282,10 +285,10 @@ def _compare_plain(client: Any, prompt: list[int], settings: Any, finished: Any)
     target's call was there."""
     from dataclasses import replace
 
-    from app.engine import Finished
+    from app.engine import Finished, Mode
 
     plain = None
-    for event in client.generate(prompt=prompt, settings=replace(settings, mode="plain")):
+    for event in client.generate(prompt=prompt, settings=replace(settings, mode=Mode.PLAIN)):
         if isinstance(event, Finished):
             plain = event
     assert plain is not None
@@ -328,6 +331,7 @@ def _record_speed(args: argparse.Namespace, load: Any, info: Any, stats: Any) ->
     cores."""
     import psutil
 
+    from app.engine import Mode
     from app.gguf.split import first_part, model_bytes
     from models_registry.measured import SpeedStore, placement_of
 
@@ -341,10 +345,10 @@ def _record_speed(args: argparse.Namespace, load: Any, info: Any, stats: Any) ->
         offload = info.target.offload
         placement = placement_of(offload.layers_offloaded, offload.layers_total)
         target = (first_part(load.target).name, model_bytes(load.target))  # a split model: its first part
-        drafted = load.draft and stats.mode in ("speculative", "auto")
+        drafted = load.draft and stats.mode in (Mode.SPECULATIVE, Mode.AUTO)
         draft = (first_part(load.draft).name, model_bytes(load.draft)) if drafted else None
         acceptance, costs = None, None
-        if stats.mode == "speculative" and draft is not None and stats.n_drafted:
+        if stats.mode is Mode.SPECULATIVE and draft is not None and stats.n_drafted:
             acceptance = stats.acceptance_rate
             known = store.lookup(*target, placement=placement)
             if known is not None and known.plain and stats.rounds:

@@ -23,15 +23,27 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from app.engine import Action, Decision, Finished, GenerationSettings, Policy, Source, Started, Stats, Step
+from app.engine import (
+    Action,
+    Decision,
+    Finished,
+    FinishReason,
+    GenerationSettings,
+    Mode,
+    Policy,
+    Source,
+    Started,
+    Stats,
+    Step,
+)
 
 __all__ = ["RemoteClient", "RemoteInfo", "RemoteServerError", "RemoteStream", "normalize_base_url"]
 
 TIMEOUT = 60.0  # seconds without a byte from the server before a reply fails
 CONNECT_TIMEOUT = 10.0
 _POLL = 0.1  # seconds between checks for a cancel while waiting for the next chunk
-# finish_reason -> the engine's reasons (eog, stop, length, context, cancelled)
-_REASONS = {"stop": "eog", "length": "length"}
+# the server's finish_reason -> the engine's reasons (any other: a stop string)
+_REASONS = {"stop": FinishReason.EOG, "length": FinishReason.LENGTH}
 _DECISION = Decision(Action.PLAIN, Policy.PLAIN)  # the server decides how it drafts; it does not say
 
 
@@ -214,7 +226,7 @@ class RemoteStream(Iterator[Started | Step | Finished]):
         self._chunks: list[str] = []
         self._usage: Any = None
         self._timings: dict[str, Any] = {}
-        self._reason: str | None = None
+        self._reason: FinishReason | None = None
         self._ready: deque[Started | Step] = deque()  # events of the chunk read last
 
     def start(self) -> RemoteStream:
@@ -247,15 +259,16 @@ class RemoteStream(Iterator[Started | Step | Finished]):
             if self._ready:
                 return self._ready.popleft()
             if self._cancelled.is_set():
-                return self._finish("cancelled")
+                return self._finish(FinishReason.CANCELLED)
             try:
                 item = self._q.get(timeout=_POLL)
             except queue.Empty:
                 continue
             if item is _END:  # the server's finish reason; none: cut short by a cancel, or ended
-                return self._finish(self._reason or ("cancelled" if self._cancelled.is_set() else "eog"))
+                ended = FinishReason.CANCELLED if self._cancelled.is_set() else FinishReason.EOG
+                return self._finish(self._reason or ended)
             if self._cancelled.is_set():
-                return self._finish("cancelled")
+                return self._finish(FinishReason.CANCELLED)
             if isinstance(item, BaseException):
                 self.done = True
                 raise item
@@ -275,7 +288,7 @@ class RemoteStream(Iterator[Started | Step | Finished]):
             if choice.index == 0:
                 text = (choice.delta.content or "") if choice.delta is not None else ""
                 if choice.finish_reason:
-                    self._reason = _REASONS.get(choice.finish_reason, "stop")
+                    self._reason = _REASONS.get(choice.finish_reason, FinishReason.STOP)
         if self._t_first is None:
             self._t_first = self._t_last = now
             self._ready.append(Started(n_prompt_tokens=0, n_prompt_cached=0, t_prompt=now - self._t_sent))
@@ -303,7 +316,7 @@ class RemoteStream(Iterator[Started | Step | Finished]):
             )
         )
 
-    def _finish(self, reason: str) -> Finished:
+    def _finish(self, reason: FinishReason) -> Finished:
         self.done = True
         self._cancelled.set()
         return Finished(reason=reason, text="".join(self._chunks), tokens=(), stats=self.stats())
@@ -325,7 +338,7 @@ class RemoteStream(Iterator[Started | Step | Finished]):
         t_prompt = float(t["prompt_ms"]) / 1000 if t.get("prompt_ms") else ttft
         tps = float(t.get("predicted_per_second") or 0.0) or (n / t_decode if t_decode > 0 else 0.0)
         return Stats(
-            mode="remote",
+            mode=Mode.REMOTE,
             n_prompt_tokens=n_prompt,
             n_prompt_cached=cached,
             n_generated=n,

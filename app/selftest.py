@@ -116,7 +116,14 @@ def run_self_test(
     )
     t0 = time.perf_counter()
     try:
-        from app.engine import EngineClient, Finished, GenerationSettings, LoadSettings, parse_gpu_layers
+        from app.engine import (
+            EngineClient,
+            Finished,
+            GenerationSettings,
+            LoadSettings,
+            Mode,
+            parse_gpu_layers,
+        )
     except Exception as e:  # a broken bundle: a module left out
         say(f"self-test FAILED: cannot import the engine: {type(e).__name__}: {e}")
         return 2
@@ -177,12 +184,12 @@ def run_self_test(
 
             totals = {
                 m: {"tokens": 0, "seconds": 0.0, "drafted": 0, "accepted": 0}
-                for m in ("plain", "speculative")
+                for m in (Mode.PLAIN, Mode.SPECULATIVE)
             }
             for i, text in enumerate(prompts, 1):
                 prompt = client.tokenize(text)
-                replies: dict[str, Finished] = {}
-                for mode in ("plain", "speculative"):
+                replies: dict[Mode, Finished] = {}
+                for mode in (Mode.PLAIN, Mode.SPECULATIVE):
                     settings = GenerationSettings(mode=mode, max_tokens=max_tokens, n_max=4, n_min=1)
                     finished = None
                     for event in client.generate(prompt=prompt, settings=settings):
@@ -200,11 +207,11 @@ def run_self_test(
                     t["accepted"] += s.n_accepted
                 if len(replies) < 2:
                     continue
-                plain, spec = replies["plain"].tokens, replies["speculative"].tokens
+                plain, spec = replies[Mode.PLAIN].tokens, replies[Mode.SPECULATIVE].tokens
                 same = plain == spec
                 say(
                     f"prompt {i}: {len(plain)} tokens, speculative == plain: {'yes' if same else 'NO'}; "
-                    f"acceptance {replies['speculative'].stats.acceptance_rate:.0%}"
+                    f"acceptance {replies[Mode.SPECULATIVE].stats.acceptance_rate:.0%}"
                 )
                 if not same:
                     first = next(
@@ -217,11 +224,11 @@ def run_self_test(
             for mode, t in totals.items():
                 tps = t["tokens"] / t["seconds"] if t["seconds"] > 0 else 0.0
                 extra = ""
-                if mode == "speculative":
+                if mode is Mode.SPECULATIVE:
                     rate = t["accepted"] / t["drafted"] if t["drafted"] else 0.0
                     extra = f", acceptance {rate:.0%} ({t['accepted']}/{t['drafted']})"
                 say(f"{mode:>11}: {t['tokens']} tokens, {tps:.0f} tok/s{extra}")
-            if totals["speculative"]["drafted"] == 0:
+            if totals[Mode.SPECULATIVE]["drafted"] == 0:
                 failures.append("speculative mode drafted nothing")
         except Exception as e:
             say(f"self-test FAILED: {type(e).__name__}: {e}")

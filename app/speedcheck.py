@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from app.engine import EngineClient, Finished, GenerationSettings, SamplingParams
+from app.engine import EngineClient, Finished, FinishReason, GenerationSettings, Mode, SamplingParams
 
 Messages = list[dict[str, Any]]
 
@@ -33,7 +33,7 @@ MAX_TOKENS = 96
 class CheckResult:
     """The mode's speed over plain decoding's on the same prompts."""
 
-    mode: str
+    mode: Mode
     speedup: float  # median over prompts of (mode tokens/s) / (plain tokens/s)
     low: float  # the smallest and largest per-prompt ratio
     high: float
@@ -69,9 +69,9 @@ def run_check(
     given); None when cancelled or when no prompt produced text in both modes."""
     own = bool(prompts)
     texts = list(prompts) or list(BUILT_IN_PROMPTS)
-    mode = settings.mode if settings.mode != "plain" else "auto"
+    mode = settings.mode if settings.mode is not Mode.PLAIN else Mode.AUTO
     greedy = replace(settings, mode=mode, max_tokens=max_tokens, sampling=SamplingParams(), stop=())
-    plain = replace(greedy, mode="plain")
+    plain = replace(greedy, mode=Mode.PLAIN)
     ratios: list[float] = []
     plain_tps: list[float] = []
     mode_tps: list[float] = []
@@ -80,7 +80,7 @@ def run_check(
     for i, text in enumerate(texts):
         messages: Messages = [{"role": "user", "content": text}]
         order = (plain, greedy) if i % 2 == 0 else (greedy, plain)
-        speeds: dict[str, float] = {}
+        speeds: dict[Mode, float] = {}
         for j, gs in enumerate(order):
             if cancelled():
                 return None
@@ -90,12 +90,12 @@ def run_check(
             if fin is None:
                 return None
             speeds[gs.mode] = fin.stats.decode_tokens_per_second
-            if gs.mode != "plain":
+            if gs.mode is not Mode.PLAIN:
                 drafted += fin.stats.n_drafted
                 accepted += fin.stats.n_accepted
-        if speeds.get("plain") and speeds.get(mode):
-            ratios.append(speeds[mode] / speeds["plain"])
-            plain_tps.append(speeds["plain"])
+        if speeds.get(Mode.PLAIN) and speeds.get(mode):
+            ratios.append(speeds[mode] / speeds[Mode.PLAIN])
+            plain_tps.append(speeds[Mode.PLAIN])
             mode_tps.append(speeds[mode])
     if not ratios:
         return None
@@ -117,7 +117,7 @@ def _finished(client: EngineClient, messages: Messages, settings: GenerationSett
     for event in client.generate(messages=messages, settings=settings):
         if isinstance(event, Finished):
             last = event
-    if last is None or last.reason == "cancelled":
+    if last is None or last.reason is FinishReason.CANCELLED:
         return None
     return last
 

@@ -9,12 +9,13 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 import pytest
 from PySide6.QtCore import Qt
 
-from app.engine import Action, Decision, Declined, Policy, Source, Step
+from app.engine import Action, Decision, Declined, FinishReason, Mode, Policy, Source, Step
 from app.ui.chat.composer import Composer
 from app.ui.core.settings import AppSettings
 from app.ui.core.store import Store
 from app.ui.shared.markdown import Segment, draft_html, render_code, render_prose, split_segments
 from app.ui.shared.metrics import PlainCost, ReplyMeter, Rolling, draft_share
+from app.ui.shared.saved import SavedReply
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -56,7 +57,7 @@ def test_store_conversations_messages_and_meta(tmp_path) -> None:
     a = store.create("First")
     b = store.create("Second", system_prompt="Be brief.")
     m1 = store.add_message(a.id, "user", "hi")
-    store.add_message(a.id, "assistant", "hello", {"reason": "eog", "draft_spans": [[0, 2]]})
+    store.add_message(a.id, "assistant", "hello", SavedReply(FinishReason.EOG, draft_spans=((0, 2),)))
     assert [c.id for c in store.conversations()] == [a.id, b.id]  # most recently updated first
     store.rename(b.id, "Renamed")
     store.set_system_prompt(a.id, "sys")
@@ -68,7 +69,8 @@ def test_store_conversations_messages_and_meta(tmp_path) -> None:
     assert store.get(a.id).system_prompt == "sys"
     msgs = store.messages(a.id)
     assert [(m.role, m.content) for m in msgs] == [("user", "hi"), ("assistant", "hello")]
-    assert msgs[1].stats == {"reason": "eog", "draft_spans": [[0, 2]]}
+    assert msgs[1].saved == SavedReply(FinishReason.EOG, draft_spans=((0, 2),))
+    assert msgs[0].saved is None
     store.delete_messages_from(a.id, m1.id)
     assert store.messages(a.id) == []
     store.delete(a.id)
@@ -179,11 +181,13 @@ def test_status_names_a_declined_lookup_match_while_paused() -> None:
     m = ReplyMeter(t_sent=0.0)
     m.add(step("x", (False,), k=0, decision=PAUSED), now=0.1)
     assert m.paused
-    assert status_text(m, "CPU", "auto") == "Drafting paused: verifying costs more than it saves on this CPU."
+    assert (
+        status_text(m, "CPU", Mode.AUTO) == "Drafting paused: verifying costs more than it saves on this CPU."
+    )
     declined = Declined(Source.LOOKUP, match=2, losing=False)
     m.add(step("y", (False,), k=0, decision=Decision(Action.PAUSED, Policy.AUTO, declined=declined)), now=0.2)
     assert m.paused
-    assert status_text(m, "CPU", "auto") == (
+    assert status_text(m, "CPU", Mode.AUTO) == (
         "Drafting paused: verifying costs more than it saves on this CPU "
         "(prompt lookup: a 2-token match, too likely to break to pay)."
     )
@@ -215,14 +219,14 @@ def test_status_words_each_decision_from_its_fields() -> None:
     assert describe_decision(Decision(Action.PROBE, Policy.AUTO, Source.MODEL, k=2)).startswith("probing")
     m = ReplyMeter(t_sent=0.0)
     m.add(step("a", (True, False), decision=model), now=0.1)
-    assert status_text(m, "CPU", "auto") == (
+    assert status_text(m, "CPU", Mode.AUTO) == (
         "Drafting with the draft model, up to 4 tokens a round "
         "(draft model: target under 90% sure, 80% acceptance)."
     )
     fixed = Decision(Action.DRAFT, Policy.FIXED, Source.MODEL, k=3, n_max=3)
     m.add(step("b", (True, False), decision=fixed, k=3), now=0.2)
-    assert status_text(m, "CPU", "speculative") == "Drafting with the draft model, up to 3 tokens a round."
-    assert status_text(m, "CPU", "plain") == "Plain decoding (speculation is off)."
+    assert status_text(m, "CPU", Mode.SPECULATIVE) == "Drafting with the draft model, up to 3 tokens a round."
+    assert status_text(m, "CPU", Mode.PLAIN) == "Plain decoding (speculation is off)."
 
 
 def test_plain_cost_needs_plain_rounds() -> None:

@@ -15,7 +15,7 @@ from PySide6.QtCore import QEvent, Qt
 from PySide6.QtWidgets import QApplication
 
 from api_server import Running, start
-from app.engine import EngineClient, LoadSettings
+from app.engine import EngineClient, LoadSettings, Mode
 from app.server.served import Served
 from app.ui.core.secrets import Secrets
 from app.ui.core.settings import AppSettings
@@ -120,8 +120,8 @@ def test_chat_with_a_remote_server_then_back_to_a_local_pair(qtbot, window, remo
     assert send(qtbot, w, "Tell me about the fox") in ("eog", "length")
     reply = w.chat.messages[-1]
     assert reply.role == "assistant" and reply.text and len(steps) > 1 and w.render_count >= 1
-    stats = reply.stats["stats"]
-    assert stats["mode"] == "remote" and stats["n_generated"] > 0 and stats["n_drafted"] > 0
+    stats = reply.saved.stats
+    assert stats.mode is Mode.REMOTE and stats.n_generated > 0 and stats.n_drafted > 0
     assert "tok/s" in reply.info.text() and "accepted" in reply.info.text()
     speed = w.gauges.speed.value.text()
     assert speed.endswith("tok/s") and float(speed.split()[0]) > 0
@@ -136,7 +136,7 @@ def test_chat_with_a_remote_server_then_back_to_a_local_pair(qtbot, window, remo
     assert w.status.remote is None and w.worker.remote is None and view.connected is None
     assert w.status.pair_label.text() == "tiny-target.gguf  +  tiny-draft.gguf"
     assert send(qtbot, w, "hi") in ("eog", "length")
-    assert w.chat.messages[-1].stats["stats"]["mode"] == "speculative"
+    assert w.chat.messages[-1].saved.stats.mode is Mode.SPECULATIVE
 
     # and to the server again, then back with the button (the loaded pair stays)
     with qtbot.waitSignal(w.worker.connected, timeout=WAIT):

@@ -16,6 +16,7 @@ import pytest
 from PySide6.QtCore import QEvent, Qt
 from PySide6.QtWidgets import QApplication
 
+from app.engine import FinishReason
 from app.ui.core.settings import AppSettings
 from app.ui.main_window import MainWindow
 
@@ -88,7 +89,7 @@ def test_reply_streams_then_gauges_show_figures(qtbot, open_window) -> None:
     assert len(seen) > 1 and w.render_count > 1, "the reply arrived in one piece"
     user, reply = w.chat.messages
     assert (user.role, reply.role) == ("user", "assistant") and reply.text
-    assert reply.stats["stats"]["n_generated"] > 0 and "tok/s" in reply.info.text()
+    assert reply.saved.stats.n_generated > 0 and "tok/s" in reply.info.text()
     # gauges: a speculative reply with a tiny draft that agrees part of the time
     assert w.meter is not None and w.meter.acceptance and w.meter.acceptance > 0
     assert w.gauges.acceptance.value.text().endswith("%") and w.gauges.acceptance.value.text() != "0%"
@@ -114,8 +115,8 @@ def test_stop_mid_reply(qtbot, open_window) -> None:
     assert sig.args == ["cancelled"]
     assert w.send_button.text() == "Send" and w.send_button.isEnabled() and not w.generating
     reply = w.chat.messages[-1]
-    assert reply.stats["reason"] == "cancelled" and "stopped" in reply.info.text()
-    assert reply.stats["stats"]["n_generated"] < 700  # it really stopped early
+    assert reply.saved.reason is FinishReason.CANCELLED and "stopped" in reply.info.text()
+    assert reply.saved.stats.n_generated < 700  # it really stopped early
     w.apply_settings(replace(FAST, last_target=w.settings.last_target, last_draft=w.settings.last_draft))
     assert finish(qtbot, w, "hi") in ("eog", "length")  # ready for the next message
 

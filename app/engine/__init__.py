@@ -14,7 +14,19 @@ from app.engine.errors import (
     ModelLoadError,
     PromptTooLongError,
 )
-from app.engine.events import Action, Decision, Declined, Finished, Policy, Source, Started, Stats, Step
+from app.engine.events import (
+    Action,
+    Decision,
+    Declined,
+    Finished,
+    FinishReason,
+    Mode,
+    Policy,
+    Source,
+    Started,
+    Stats,
+    Step,
+)
 from app.engine.info import Device, EngineInfo, EngineStatus, HistoryInfo, ModelInfo, Offload
 from app.engine.process.client import EngineClient, GenerationStream
 from app.engine.process.errors import EngineCrashedError, RemoteError
@@ -37,6 +49,7 @@ __all__ = [
     "EngineError",
     "EngineInfo",
     "EngineStatus",
+    "FinishReason",
     "Finished",
     "GenerationSettings",
     "GenerationStream",
@@ -45,6 +58,7 @@ __all__ = [
     "LlamaError",
     "LoadSettings",
     "MemoryKind",
+    "Mode",
     "ModelInfo",
     "ModelLoadError",
     "Offload",

@@ -17,7 +17,7 @@ from app.engine.auto import AutoDrafter, AutoMemory, CostModel, MeasuredCosts
 from app.engine.chat import ChatTemplate, Message
 from app.engine.drafting import Drafter, LookupDrafter, ModelDrafter
 from app.engine.errors import EngineError, IncompatibleDraftError
-from app.engine.events import Finished, Started, Step
+from app.engine.events import Finished, Mode, Started, Step
 from app.engine.info import EngineInfo, HistoryInfo, ModelInfo
 from app.engine.llama import (
     Context,
@@ -336,24 +336,24 @@ class Engine:
         return self.memory.rollback is not Rollback.NONE
 
     def _policy(self, gs: GenerationSettings) -> DraftPolicy:
-        if gs.mode == "plain":
+        if gs.mode is Mode.PLAIN:
             return PlainPolicy()
         if not self.can_draft:
             return NoRollbackPolicy()
-        if gs.mode == "auto":
+        if gs.mode is Mode.AUTO:
             return PassPolicy()  # the AutoDrafter chooses k (and sees how much of the reply is left)
         if gs.adaptive:
             return AdaptivePolicy(gs.n_min, gs.n_max)
         return FixedPolicy(gs.n_max)
 
     def _drafter(self, gs: GenerationSettings) -> Drafter | None:
-        if gs.mode == "plain" or not self.can_draft:
+        if gs.mode is Mode.PLAIN or not self.can_draft:
             return None
-        if gs.mode == "lookup":
+        if gs.mode is Mode.LOOKUP:
             return LookupDrafter(stops=self.target.control_tokens)
-        if gs.mode == "mtp":
+        if gs.mode is Mode.MTP:
             return self._mtp(gs)
-        if gs.mode == "auto":
+        if gs.mode is Mode.AUTO:
             if gs.n_max not in self._auto:
                 self._auto[gs.n_max] = AutoDrafter(
                     self._model_drafter,

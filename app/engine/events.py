@@ -6,6 +6,39 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 
 
+class Word(str, Enum):
+    """A value with a fixed set of words: compared as the enum, its text (str(), f-strings, JSON) the
+    word itself, as ``enum.StrEnum`` does from Python 3.11."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class Mode(Word):
+    """How a reply is drafted."""
+
+    AUTO = "auto"  # whatever pays on this machine, round by round
+    SPECULATIVE = "speculative"  # the draft model
+    PLAIN = "plain"  # no drafting
+    LOOKUP = "lookup"  # prompt lookup: copies of earlier text
+    MTP = "mtp"  # the target's own multi-token-prediction head
+    REMOTE = "remote"  # a remote server's reply (its Stats only: not a mode to ask for)
+
+
+class FinishReason(Word):
+    """Why a reply ended."""
+
+    EOG = "eog"  # the model ended its turn
+    STOP = "stop"  # a stop string
+    LENGTH = "length"  # the token budget
+    CONTEXT = "context"  # the context is full
+    CANCELLED = "cancelled"  # stopped by the caller
+    ERROR = "error"  # it broke off (the app saves what was written with this reason)
+
+
 class Source(str, Enum):
     """Where a round's draft came from."""
 
@@ -105,7 +138,7 @@ class Step:
 class Stats:
     """Summary of one reply. Rates are per second; times in seconds."""
 
-    mode: str
+    mode: Mode
     n_prompt_tokens: int
     n_prompt_cached: int
     n_generated: int
@@ -136,9 +169,9 @@ class Stats:
 
 @dataclass(frozen=True, slots=True)
 class Finished:
-    """The reply is complete. ``reason``: eog, stop, length, context or cancelled."""
+    """The reply is complete, and why."""
 
-    reason: str
+    reason: FinishReason
     text: str
     tokens: tuple[int, ...]
     stats: Stats
@@ -148,7 +181,7 @@ class Finished:
 class StatsBuilder:
     """Accumulates rounds into a :class:`Stats` (mutable on purpose; the result is frozen)."""
 
-    mode: str
+    mode: Mode
     n_prompt_tokens: int = 0
     n_prompt_cached: int = 0
     t_prompt: float = 0.0

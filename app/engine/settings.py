@@ -8,9 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from app.engine.errors import ConstraintError, EngineError
+from app.engine.events import Mode
 from app.engine.sampling import SamplingParams
 
-MODES = ("auto", "speculative", "plain", "lookup", "mtp")
+MODES = tuple(m.value for m in Mode if m is not Mode.REMOTE)  # the modes a reply may ask for
 CONSTRAINT_KINDS = ("json_object", "json_schema", "gbnf")
 
 
@@ -102,7 +103,7 @@ class Constraint:
 class GenerationSettings:
     """How to generate one reply."""
 
-    mode: str = "auto"
+    mode: Mode = Mode.AUTO  # (its word is taken too: "auto", ...)
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_tokens: int = 512
     n_max: int = 8
@@ -117,7 +118,8 @@ class GenerationSettings:
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
-            raise EngineError(f"unknown mode {self.mode!r}: choose one of {', '.join(MODES)}")
+            raise EngineError(f"unknown mode {str(self.mode)!r}: choose one of {', '.join(MODES)}")
+        object.__setattr__(self, "mode", Mode(self.mode))
         if self.n_max < 1:
             raise EngineError(f"n_max must be at least 1, not {self.n_max}")
         if not 0 <= self.n_min <= self.n_max:
@@ -134,7 +136,7 @@ class GenerationSettings:
     @classmethod
     def from_options(
         cls,
-        mode: str = "auto",
+        mode: Mode | str = Mode.AUTO,
         *,
         temperature: float = 0.0,
         top_k: int = 0,
@@ -155,7 +157,7 @@ class GenerationSettings:
         """Settings from flat options, as the CLI, the app and the server take them (``n_min`` is
         clamped to ``n_max``; a negative ``seed`` means a random one)."""
         return cls(
-            mode=mode,
+            mode=Mode(mode) if mode in MODES else mode,  # type: ignore[arg-type]
             sampling=SamplingParams(
                 temperature=temperature,
                 top_k=top_k,

@@ -24,7 +24,7 @@ from app.engine import sampling
 from app.engine.chat import StopMatcher, Utf8Stream
 from app.engine.drafting.base import EMPTY, Drafter, Outcome, Proposal
 from app.engine.errors import PromptTooLongError
-from app.engine.events import Finished, Started, StatsBuilder, Step
+from app.engine.events import Finished, FinishReason, Mode, Started, StatsBuilder, Step
 from app.engine.policy import DraftPolicy
 from app.engine.sampling import SamplingParams
 from app.engine.sequence import PROMPT, CachedSequence
@@ -127,7 +127,7 @@ def generate(
     max_tokens: int,
     stop: Sequence[str] = (),
     cancel: Callable[[], bool] | None = None,
-    mode: str = "speculative",
+    mode: Mode | str = Mode.SPECULATIVE,
     rng: np.random.Generator | None = None,
     grammar: Grammar | None = None,
 ) -> Iterator[Started | Step | Finished]:
@@ -148,12 +148,12 @@ def generate(
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, not {max_tokens}")
     rng = rng if rng is not None else np.random.default_rng(params.seed)
-    stats = StatsBuilder(mode=mode, n_prompt_tokens=len(prompt))
+    stats = StatsBuilder(mode=Mode(mode), n_prompt_tokens=len(prompt))
 
     t_start = time.perf_counter()
     tokens = list(prompt)
     n_prompt = len(prompt)
-    reason = ""
+    reason: FinishReason | None = None
     utf8 = Utf8Stream()
     stopper = StopMatcher(stop)
     pieces: list[str] = []
@@ -167,7 +167,7 @@ def generate(
 
         while not reason:
             if cancel is not None and cancel():
-                reason = "cancelled"
+                reason = FinishReason.CANCELLED
                 break
             t0, began = time.perf_counter(), time.monotonic()
             n = len(tokens)  # the pending token sits at position n - 1
@@ -224,21 +224,21 @@ def generate(
                 tokens.append(tok)
                 kept += 1
                 if is_eog(tok):
-                    reason = "eog"
+                    reason = FinishReason.EOG
                     break
                 safe, hit = stopper.feed(utf8.feed(piece(tok)))
                 text_parts.append(safe)
                 if hit:
-                    reason = "stop"
+                    reason = FinishReason.STOP
                     break
                 if len(tokens) - n_prompt >= max_tokens:
-                    reason = "length"
+                    reason = FinishReason.LENGTH
                     break
                 if grammar is not None and kept == len(new) and grammar.done:
-                    reason = "eog"  # the grammar is complete: only the end of the turn may follow
+                    reason = FinishReason.EOG  # the grammar is complete: only the end of the turn may follow
             if not reason and len(tokens) > n_ctx:
-                reason = "context"
-            if reason and reason != "stop":  # the reply ends here: release held-back text
+                reason = FinishReason.CONTEXT
+            if reason and reason is not FinishReason.STOP:  # the reply ends here: release held-back text
                 text_parts.append(_flush(utf8, stopper))
             shown = tuple(t for t in new[:kept] if not is_eog(t))
             text = "".join(text_parts)
@@ -268,7 +268,8 @@ def generate(
         target.rollback(min(len(target.tokens), max(0, len(tokens) - 1)))
 
     t_decode = time.perf_counter() - t_decode0
-    if reason == "cancelled":
+    if reason is FinishReason.CANCELLED:
         pieces.append(_flush(utf8, stopper))
     generated = tuple(t for t in tokens[n_prompt:] if not is_eog(t))
+    assert reason is not None
     yield Finished(reason, "".join(pieces), generated, stats.build(t_decode, len(generated)))

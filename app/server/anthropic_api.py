@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette.sse import EventSourceResponse
 
-from app.engine import Finished, QueueFull, Started, Step
+from app.engine import Finished, FinishReason, QueueFull, Started, Step
 from app.server import responses as R
 from app.server.errors import ApiError, unavailable
 from app.server.limits import Limits, check_messages
@@ -36,11 +36,11 @@ from app.server.tools import Function, Tools, call_id, calls_chars, make_constra
 ROUTE = "/v1/messages"
 
 STOP_REASONS = {
-    "eog": "end_turn",
-    "cancelled": "end_turn",
-    "stop": "stop_sequence",
-    "length": "max_tokens",
-    "context": "max_tokens",
+    FinishReason.EOG: "end_turn",
+    FinishReason.CANCELLED: "end_turn",
+    FinishReason.STOP: "stop_sequence",
+    FinishReason.LENGTH: "max_tokens",
+    FinishReason.CONTEXT: "max_tokens",
 }
 
 ERROR_TYPES = {

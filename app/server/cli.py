@@ -8,16 +8,20 @@ import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from app.cli_checks import bind_socket, check_model_file, ctx_size, listen_error, port_number, thread_count
-from app.server.api import allowed_hosts, create_app, is_loopback
-from app.server.served import Served
+from app.engine import MODES, Mode
+from app.server.api import is_loopback
 
 DEFAULT_PORT = 8080
+
+
+def _mode(word: str) -> Mode | str:
+    """``--mode``'s word as a Mode (argparse refuses other words with the list of choices)."""
+    return Mode(word) if word in MODES else word
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,8 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", help="draft: a GGUF file or the catalog id of an installed model")
     p.add_argument(
         "--mode",
-        choices=("auto", "speculative", "lookup", "mtp", "plain"),
-        default="auto",
+        type=_mode,
+        choices=[str(m) for m in (Mode.AUTO, Mode.SPECULATIVE, Mode.LOOKUP, Mode.MTP, Mode.PLAIN)],
+        default=Mode.AUTO,
         help="how replies are drafted (default auto: whatever pays on this machine)",
     )
     p.add_argument(
@@ -104,10 +109,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         check_exposure(args.host, args.api_key)
         target = resolve_model(args.model)
         draft = resolve_model(args.draft) if args.draft else None
-        if args.mode == "speculative" and draft is None:
+        if args.mode is Mode.SPECULATIVE and draft is None:
             raise ValueError("--mode speculative needs --draft (or use --mode lookup or auto)")
         check_model_file(target)  # a broken file is one line now, not llama.cpp's log after the port
-        if args.mode == "mtp":
+        if args.mode is Mode.MTP:
             from app.gguf.drafts import mtp_layers
             from app.gguf.meta import read_metadata_file
 
@@ -115,11 +120,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 raise ValueError(
                     f"--mode mtp needs a model with multi-token-prediction layers; {target.name} has none"
                 )
-        if draft is not None and args.mode not in ("lookup", "mtp"):
+        own_drafts = args.mode in (Mode.LOOKUP, Mode.MTP)  # no draft model loaded for these
+        if draft is not None and not own_drafts:
             check_model_file(draft)
         load = LoadSettings(
             target=str(target),
-            draft=str(draft) if draft and args.mode not in ("lookup", "mtp") else None,
+            draft=str(draft) if draft and not own_drafts else None,
             n_ctx=args.ctx,
             n_threads=args.threads,
             n_gpu_layers=parse_gpu_layers(args.gpu_layers),
@@ -137,38 +143,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace, sock: Any, stop: _Stop, target: Path, load: Any, fail: Any) -> int:
-    import uvicorn
-
     from app.engine import EngineClient
-    from app.server.connections import uvicorn_config  # idle and slow connections closed in time
+    from app.server.serving import api_server
 
     port = sock.getsockname()[1]
     client = EngineClient(auto_restart=True)
     loaded = threading.Event()
-    served = Served(
+    api = api_server(  # its signals are left to _stop_signals
         client,
+        args.host,
+        port,
         mode=args.mode,
         ready=loaded.is_set,
         model_path=str(target),
         n_ctx=args.ctx,
-        created=int(time.time()),
         history=not args.no_history,  # requests join the drafting history, as the app's server does
-    )
-    served.turns.max_waiting = max(0, args.queue)
-    app = create_app(
-        served,
+        max_waiting=args.queue,
         api_key=args.api_key,
-        allowed_hosts=allowed_hosts(args.host, port),
         cors_origins=args.cors_origin,
+        graceful_s=GRACE_S,
     )
-    config = uvicorn_config(app, args.host, port, log_level="warning", timeout_graceful_shutdown=GRACE_S)
-
-    class Server(uvicorn.Server):
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:  # leaves signals to _stop_signals
-            yield
-
-    server = Server(config)
+    served, server = api.served, api.server
     stop.server = server
     failure: list[str] = []
     done = threading.Event()  # the server is down: the loader starts no engine
@@ -195,7 +190,7 @@ def _serve(args: argparse.Namespace, sock: Any, stop: _Stop, target: Path, load:
     loader.start()
     try:
         if not stop.requested:
-            server.run(sockets=[sock])
+            api.run(sock)
     finally:
         done.set()
         client.shutdown()  # the engine process and its folder; a load in progress ends with it

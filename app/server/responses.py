@@ -8,10 +8,17 @@ import time
 import uuid
 from typing import Any
 
-from app.engine import Finished, Stats
+from app.engine import Finished, FinishReason, Stats
 
-FINISH_REASONS = {"eog": "stop", "stop": "stop", "cancelled": "stop", "length": "length", "context": "length"}
-CUT_SHORT = frozenset({"length", "context"})  # the reply ran out of tokens (its budget or the context)
+FINISH_REASONS = {
+    FinishReason.EOG: "stop",
+    FinishReason.STOP: "stop",
+    FinishReason.CANCELLED: "stop",
+    FinishReason.LENGTH: "length",
+    FinishReason.CONTEXT: "length",
+}
+# the reply ran out of tokens (its budget or the context)
+CUT_SHORT = frozenset({FinishReason.LENGTH, FinishReason.CONTEXT})
 
 
 def new_id(prefix: str) -> str:

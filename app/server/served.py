@@ -19,6 +19,7 @@ from app.engine import (
     Finished,
     GenerationSettings,
     GenerationStream,
+    Mode,
     Started,
     Step,
     Ticket,
@@ -59,7 +60,7 @@ class Served:
 
     client: EngineClient
     turns: TurnQueue = field(default_factory=TurnQueue)
-    mode: str = "auto"
+    mode: Mode = Mode.AUTO
     defaults: Defaults = field(default_factory=Defaults)
     ready: Callable[[], bool] = lambda: True  # False while the models load (answered with 503)
     restarting: bool = False  # a restart is being tried now

@@ -40,7 +40,7 @@ GGUF_FILTER = "GGUF models (*.gguf);;All files (*)"
 class MainWindow(QMainWindow):
     """The chat window. Every engine call goes through the session's :class:`EngineWorker`."""
 
-    replyFinished = Signal(str)  # finish reason ("eog", "length", "cancelled", ...)
+    replyFinished = Signal(object)  # FinishReason
     replyFailed = Signal(str)
     modelLoaded = Signal(object)  # EngineInfo
     loadFailed = Signal(str)

@@ -28,7 +28,7 @@ from app import __version__
 from app.engine import llama
 from app.engine.engine import Engine, EngineError
 from app.engine.errors import PromptTooLongError
-from app.engine.events import Finished, StatsBuilder
+from app.engine.events import Finished, FinishReason, StatsBuilder
 from app.engine.info import EngineStatus, HistoryInfo
 from app.engine.process.protocol import (
     CRASH_KINDS,
@@ -227,7 +227,8 @@ class Host:
                 prompt = None
             if prompt is None or self.cancel.is_set():  # the client has gone: no prompt evaluation
                 stats = StatsBuilder(mode=request.settings.mode).build(0.0)
-                self.send(Event(Finished("cancelled", "", (), stats), request_id=request.request_id))
+                fin = Finished(FinishReason.CANCELLED, "", (), stats)
+                self.send(Event(fin, request_id=request.request_id))
                 return
             for event in engine.generate(prompt, request.settings, cancel=self.cancel.is_set):
                 self.send(Event(event, request_id=request.request_id))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from PySide6.QtCore import QEvent, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QFont, QFontDatabase, QGuiApplication
@@ -27,14 +26,11 @@ from app.ui.shared.markdown import (
     render_prose,
     split_segments,
 )
+from app.ui.shared.saved import SavedReply
+from app.ui.shared.wording import MODE_NAMES, REASON_NAMES
 
 COLUMN_WIDTH = 860
 ROLE_NAMES = {"user": "You", "assistant": "Assistant", "error": "Error"}
-REASONS = {
-    "length": "stopped at the token limit",
-    "cancelled": "stopped",
-    "context": "context full",
-}
 
 
 def _flash(button: QToolButton | QPushButton, text: str = "Copied") -> None:
@@ -151,12 +147,12 @@ class MessageWidget(QFrame):
     regenerateRequested = Signal()
     editRequested = Signal()
 
-    def __init__(self, role: str, text: str = "", stats: dict[str, Any] | None = None, message_id: int = 0):
+    def __init__(self, role: str, text: str = "", saved: SavedReply | None = None, message_id: int = 0):
         super().__init__()
         self.role = role
         self.message_id = message_id
         self.text = ""
-        self.stats: dict[str, Any] = stats or {}
+        self.saved = saved
         self._segments: list[Segment] = []
         self._blocks: list[QWidget] = []
         self._highlight: Sequence[tuple[int, int]] | None = None
@@ -185,7 +181,7 @@ class MessageWidget(QFrame):
         layout.addLayout(footer)
         self.set_actions(edit=False, regenerate=False)
         self.set_text(text)
-        self.set_stats(self.stats)
+        self.set_saved(saved)
 
     def _button(self, text: str, tip: str, signal: Signal) -> QToolButton:
         b = QToolButton()
@@ -255,9 +251,10 @@ class MessageWidget(QFrame):
         del self._blocks[len(segments) :]
         self._segments = segments
 
-    def set_stats(self, stats: dict[str, Any]) -> None:
-        self.stats = stats
-        self.info.setText(describe_stats(stats) if self.role == "assistant" else "")
+    def set_saved(self, saved: SavedReply | None) -> None:
+        """Show the reply's record (its figures) in the footer."""
+        self.saved = saved
+        self.info.setText(describe_stats(saved) if self.role == "assistant" else "")
 
     def set_info(self, text: str) -> None:
         self.info.setText(text)
@@ -272,26 +269,17 @@ class MessageWidget(QFrame):
         _flash(self.copy_button)
 
 
-def describe_stats(stats: dict[str, Any]) -> str:
-    """A one-line summary of a reply's stats for the message footer."""
-    s = stats.get("stats") or {}
-    if not s:
+def describe_stats(saved: SavedReply | None) -> str:
+    """A one-line summary of a reply's record for the message footer."""
+    s = saved.stats if saved is not None else None
+    if s is None:
         return ""
-    parts = [f"{s.get('n_generated', 0)} tokens", f"{s.get('decode_tokens_per_second', 0):.1f} tok/s"]
-    if s.get("n_drafted"):
-        parts.append(f"{s.get('acceptance_rate', 0) * 100:.0f}% accepted")
-    parts.append(
-        {
-            "auto": "auto",
-            "speculative": "draft model",
-            "lookup": "prompt lookup",
-            "mtp": "MTP",
-            "plain": "plain",
-        }.get(s.get("mode", ""), s.get("mode", ""))
-    )
-    reason = REASONS.get(stats.get("reason", ""))
-    if reason:
-        parts.append(reason)
+    parts = [f"{s.n_generated} tokens", f"{s.decode_tokens_per_second:.1f} tok/s"]
+    if s.n_drafted:
+        parts.append(f"{s.acceptance_rate * 100:.0f}% accepted")
+    parts.append(MODE_NAMES.get(s.mode, str(s.mode)))
+    if saved is not None and saved.reason is not None:
+        parts.append(REASON_NAMES.get(saved.reason, ""))
     return " · ".join(p for p in parts if p)
 
 
@@ -349,9 +337,9 @@ class ChatView(QScrollArea):
         self.placeholder.setVisible(bool(self.placeholder.text()))
 
     def add_message(
-        self, role: str, text: str = "", stats: dict[str, Any] | None = None, message_id: int = 0
+        self, role: str, text: str = "", saved: SavedReply | None = None, message_id: int = 0
     ) -> MessageWidget:
-        w = MessageWidget(role, text, stats, message_id)
+        w = MessageWidget(role, text, saved, message_id)
         w.regenerateRequested.connect(self.regenerateRequested)
         w.editRequested.connect(self.editRequested)
         self.column_layout.insertWidget(self.column_layout.count() - 1, w)

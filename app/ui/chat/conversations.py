@@ -136,9 +136,9 @@ class ConversationsView(QFrame):
         self.system_toggle.setChecked(bool(conv.system_prompt))
         chat.clear()
         for msg in self.store.messages(conv.id):
-            w = chat.add_message(msg.role, msg.content, msg.stats, msg.id)
+            w = chat.add_message(msg.role, msg.content, msg.saved, msg.id)
             if s.highlight and msg.role == "assistant":
-                w.set_highlight(draft_spans(msg.stats))
+                w.set_highlight(draft_spans(msg.saved))
         chat.scroll_to_bottom()
         s.set_conversation(conv)
         self.refresh()

@@ -8,6 +8,7 @@ from PySide6.QtCore import QPointF, QRectF, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QLinearGradient, QPainter, QPainterPath, QPen
 from PySide6.QtWidgets import QCheckBox, QFrame, QGridLayout, QLabel, QVBoxLayout, QWidget
 
+from app.engine import Mode
 from app.ui.shared.markdown import DRAFT_TINT
 from app.ui.shared.metrics import ReplyMeter, Rolling
 from app.ui.shared.wording import status_text
@@ -169,7 +170,12 @@ class GaugesPanel(QFrame):
         self.status.setText("")
 
     def show_reply(
-        self, meter: ReplyMeter, rolling: Rolling, plain_step: float | None, backend: str = "", mode: str = ""
+        self,
+        meter: ReplyMeter,
+        rolling: Rolling,
+        plain_step: float | None,
+        backend: str = "",
+        mode: Mode | None = None,
     ) -> None:
         """Show ``meter``'s figures (called at most ~30 times a second while a reply streams)."""
         acc = meter.acceptance

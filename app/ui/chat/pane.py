@@ -227,4 +227,4 @@ class ChatPane(QWidget):
             if w is self.reply.widget and self.reply.meter is not None:
                 w.set_highlight(list(self.reply.meter.draft_spans) if on else None)
             else:
-                w.set_highlight(draft_spans(w.stats) if on else None)
+                w.set_highlight(draft_spans(w.saved) if on else None)

@@ -8,30 +8,30 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Any
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from app.engine import Finished, Started, Step
+from app.engine import Finished, FinishReason, Mode, Started, Step
 from app.ui.chat.chat_view import ChatView, MessageWidget
 from app.ui.chat.gauges import GaugesPanel
 from app.ui.core.session import Session
 from app.ui.shared.metrics import PlainCost, ReplyMeter, Rolling
+from app.ui.shared.saved import SavedReply
 
 __all__ = ["RENDER_INTERVAL_MS", "ReplyStream", "draft_spans"]
 
 RENDER_INTERVAL_MS = 33  # at most ~30 re-renders a second while a reply streams
 
 
-def draft_spans(stats: dict[str, Any]) -> list[tuple[int, int]]:
+def draft_spans(saved: SavedReply | None) -> list[tuple[int, int]]:
     """The character spans of a stored reply whose tokens the draft proposed and the target accepted."""
-    return [tuple(s) for s in stats.get("draft_spans") or []]  # type: ignore[misc]
+    return list(saved.draft_spans) if saved is not None else []
 
 
 class ReplyStream(QObject):
     """Streams the reply being written into ``chat``, ``gauges`` and the session's store."""
 
-    finished = Signal(str)  # finish reason ("eog", "length", "cancelled", ...)
+    finished = Signal(object)  # FinishReason
     failed = Signal(str)
 
     def __init__(self, session: Session, chat: ChatView, gauges: GaugesPanel) -> None:
@@ -44,7 +44,7 @@ class ReplyStream(QObject):
         self.widget: MessageWidget | None = None
         self.chunks: list[str] = []
         self.conversation_id = 0
-        self._mode = ""
+        self._mode: Mode | None = None
         self._last_render = 0.0
         self._dirty = False
         self._render_timer = QTimer(self)
@@ -74,7 +74,7 @@ class ReplyStream(QObject):
         if s.highlight:
             self.widget.set_highlight([])
         self.meter = ReplyMeter(t_sent=time.perf_counter())
-        self._mode = "remote" if s.remote is not None else settings.mode
+        self._mode = Mode.REMOTE if s.remote is not None else settings.mode
         self.gauges.reset()
         self.render_count = 0
         s.set_generating(True, self.conversation_id)
@@ -138,7 +138,7 @@ class ReplyStream(QObject):
         if self.meter is not None:
             where = self.session.where()
             # the cost of plain decoding here says nothing about a remote server's speedup
-            plain = self.plain_cost.value if self._mode != "remote" else None
+            plain = self.plain_cost.value if self._mode is not Mode.REMOTE else None
             self.gauges.show_reply(self.meter, self.rolling, plain, where, self._mode)
 
     def on_finished(self, fin: Finished | None) -> None:
@@ -152,25 +152,26 @@ class ReplyStream(QObject):
             return
         if fin is None:  # cancelled before it started
             self.discard()
-            self.finished.emit("cancelled")
+            self.finished.emit(FinishReason.CANCELLED)
             return
         meter.finish(fin)
         self.rolling.add(meter)
-        stats = meter.to_stats()
+        saved = meter.saved()
         text = fin.text
-        if text or fin.reason != "cancelled":
-            msg = s.store.add_message(self.conversation_id, "assistant", text, stats)
+        kept = bool(text) or fin.reason is not FinishReason.CANCELLED
+        if kept:
+            msg = s.store.add_message(self.conversation_id, "assistant", text, saved)
             w.message_id = msg.id
         if self._visible():
-            if text or fin.reason != "cancelled":
+            if kept:
                 self._dirty = True
                 self.render()
                 w.text = text
                 if s.highlight:
-                    w.set_highlight(draft_spans(stats))
+                    w.set_highlight(draft_spans(saved))
                 else:
                     w.set_text(text)
-                w.set_stats(stats)
+                w.set_saved(saved)
             else:
                 self.chat.remove_from(len(self.chat.messages) - 1)
         self.show_gauges()
@@ -189,12 +190,11 @@ class ReplyStream(QObject):
         partial = "".join(self.chunks)
         if self.widget is not None:
             if partial:
-                stats = self.meter.to_stats() if self.meter else {}
-                stats["reason"] = "error"
-                msg = s.store.add_message(self.conversation_id, "assistant", partial, stats)
+                saved = (self.meter or ReplyMeter()).saved(FinishReason.ERROR)
+                msg = s.store.add_message(self.conversation_id, "assistant", partial, saved)
                 self.widget.message_id = msg.id
                 self.widget.set_text(partial)
-                self.widget.set_stats(stats)
+                self.widget.set_saved(saved)
                 self.widget.set_info("interrupted")
             else:
                 self.discard()

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from app.engine import EngineError, GenerationSettings, LoadSettings, parse_gpu_layers
+from app.engine import EngineError, GenerationSettings, LoadSettings, Mode, parse_gpu_layers
 from app.ui.core.paths import data_dir
 from models_registry.fit import MIN_SPEED
 
@@ -49,18 +49,18 @@ class AppSettings:
     last_draft: str = ""
 
     @property
-    def mode(self) -> str:
+    def mode(self) -> Mode:
         """The engine's generation mode for these settings."""
         if not self.speculative:
-            return "plain"
-        sources = {"auto": "auto", "model": "speculative", "lookup": "lookup", "mtp": "mtp"}
-        return sources.get(self.draft_source, "auto")
+            return Mode.PLAIN
+        sources = {"auto": Mode.AUTO, "model": Mode.SPECULATIVE, "lookup": Mode.LOOKUP, "mtp": Mode.MTP}
+        return sources.get(self.draft_source, Mode.AUTO)
 
     def generation(self, *, has_draft: bool = True) -> GenerationSettings:
         """Per-reply engine settings. Without a draft model, "draft model" falls back to auto mode."""
         mode = self.mode
-        if mode == "speculative" and not has_draft:
-            mode = "auto"
+        if mode is Mode.SPECULATIVE and not has_draft:
+            mode = Mode.AUTO
         return GenerationSettings.from_options(
             mode,
             temperature=self.temperature,

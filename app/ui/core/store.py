@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from app.ui.shared.saved import SavedReply
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
@@ -22,7 +23,7 @@ CREATE TABLE IF NOT EXISTS messages (
     conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
     role            TEXT NOT NULL CHECK (role IN ('user', 'assistant', 'error')),
     content         TEXT NOT NULL,
-    stats           TEXT,          -- JSON: the reply's Stats, finish reason, draft spans
+    stats           TEXT,          -- JSON: the reply's record (SavedReply: reason, Stats, draft spans)
     created         REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
@@ -33,12 +34,13 @@ SCHEMA_VERSION = 1
 
 @dataclass
 class Message:
-    """One message. ``role`` "error" marks a failed reply shown in the chat but never sent to the model."""
+    """One message. ``role`` "error" marks a failed reply shown in the chat but never sent to the model;
+    ``saved``: an assistant reply's record (None: none was saved)."""
 
     id: int
     role: str
     content: str
-    stats: dict[str, Any] = field(default_factory=dict)
+    saved: SavedReply | None = None
 
 
 @dataclass
@@ -112,7 +114,8 @@ class Store:
             (conversation_id,),
         )
         return [
-            Message(i, role, content, json.loads(stats) if stats else {}) for i, role, content, stats in rows
+            Message(i, role, content, SavedReply.from_json(json.loads(stats)) if stats else None)
+            for i, role, content, stats in rows
         ]
 
     def recent_user_messages(self, n: int = 20) -> list[str]:
@@ -123,20 +126,19 @@ class Store:
         return [content for (content,) in rows]
 
     def add_message(
-        self, conversation_id: int, role: str, content: str, stats: dict[str, Any] | None = None
+        self, conversation_id: int, role: str, content: str, saved: SavedReply | None = None
     ) -> Message:
         cur = self.db.execute(
             "INSERT INTO messages(conversation_id, role, content, stats, created) VALUES (?, ?, ?, ?, ?)",
-            (conversation_id, role, content, json.dumps(stats) if stats else None, time.time()),
+            (conversation_id, role, content, _json(saved), time.time()),
         )
         self.db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (time.time(), conversation_id))
         self.db.commit()
-        return Message(int(cur.lastrowid or 0), role, content, stats or {})
+        return Message(int(cur.lastrowid or 0), role, content, saved)
 
-    def update_message(self, message_id: int, content: str, stats: dict[str, Any] | None = None) -> None:
+    def update_message(self, message_id: int, content: str, saved: SavedReply | None = None) -> None:
         self.db.execute(
-            "UPDATE messages SET content = ?, stats = ? WHERE id = ?",
-            (content, json.dumps(stats) if stats else None, message_id),
+            "UPDATE messages SET content = ?, stats = ? WHERE id = ?", (content, _json(saved), message_id)
         )
         self.db.commit()
 
@@ -155,3 +157,7 @@ class Store:
     def set_meta(self, key: str, value: str) -> None:
         self.db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, value))
         self.db.commit()
+
+
+def _json(saved: SavedReply | None) -> str | None:
+    return json.dumps(saved.to_json()) if saved is not None else None

@@ -2,14 +2,15 @@
 
 :class:`EngineWorker` is a QObject living in the GUI thread. Jobs, one type for each kind of work
 (`LoadJob`, `GenerateJob`, `CalibrateJob`, `CheckJob`, `ConnectJob`, `HistoryJob`), run on its thread;
-everything they report crosses back through one queued signal as (the worker's signal, its arguments)
-and is emitted from the GUI thread, so every public signal is delivered in the GUI thread. Step events are coalesced: the engine
-thread appends them to a buffer and posts at most one wake-up until the GUI has drained it, so a fast
-model cannot flood the event loop. Cancelling stops the worker's own reply (thread-safe; the engine stops
-within one round), never killing a thread, nor a request of the local server's that holds the engine.
+everything they report crosses back through one queued signal as (the worker's signal, its arguments) and
+is emitted from the GUI thread, so every public signal is delivered in the GUI thread. Step events are
+coalesced: the engine thread appends them to a buffer and posts at most one wake-up until the GUI has
+drained it, so a fast model cannot flood the event loop. Cancelling stops the worker's own reply (thread-
+safe; the engine stops within one round), never killing a thread, nor a request of the local server's
+that holds the engine.
 
-The chat can go to a remote server instead (``use_remote``: an ``app.remote_client.RemoteClient``,
-which streams the same events); loading a pair goes back to the engine.
+The chat can go to a remote server instead (``use_remote``: an ``app.remote_client.RemoteClient``, which
+streams the same events); loading a pair goes back to the engine.
 """
 
 from __future__ import annotations

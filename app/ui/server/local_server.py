@@ -18,7 +18,6 @@ import logging
 import os
 import socket
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +26,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QMenu, QToolButton, QWidget
 
+from app.engine import Mode
 from app.ui.core.session import Session
 
 if TYPE_CHECKING:
@@ -137,7 +137,7 @@ class LocalServer(QObject):
         mode = self.session.settings.mode
         served.model_path = info.target.path
         served.n_ctx = info.n_ctx
-        served.mode = "auto" if mode == "speculative" and info.draft is None else mode
+        served.mode = Mode.AUTO if mode is Mode.SPECULATIVE and info.draft is None else mode
         served.history = self.session.settings.keep_history  # requests join the drafting history too
 
     @property
@@ -260,9 +260,9 @@ class LocalServer(QObject):
 
 
 class _Run:
-    """One run of the server, on its own thread: builds the API there (importing FastAPI and uvicorn
-    takes a second or two the GUI thread must not wait) and serves on the socket already claimed
-    (uvicorn installs no signal handlers off the main thread)."""
+    """One run of the server, on its own thread: builds the API there with `app.server.serving`, as
+    ``tandem serve`` does (importing FastAPI and uvicorn takes a second or two the GUI thread must not
+    wait), and serves on the socket already claimed."""
 
     def __init__(
         self,
@@ -293,28 +293,24 @@ class _Run:
 
     def serve(self) -> None:
         try:
-            import uvicorn
+            from app.server.serving import api_server
 
-            from app.server.api import allowed_hosts, create_app
-            from app.server.connections import uvicorn_config  # idle and slow-header timeouts
-            from app.server.served import Served
-
-            self.served = Served(self.client, turns=self.turns, ready=self.ready, created=int(time.time()))
-            self.sync()
-            app = create_app(self.served, allowed_hosts=allowed_hosts(HOST, self.port))
-            config = uvicorn_config(
-                app,
-                host=HOST,
-                port=self.port,
+            api = api_server(
+                self.client,
+                HOST,
+                self.port,
+                turns=self.turns,
+                ready=self.ready,
                 log_config=None,
-                log_level="warning",
-                timeout_graceful_shutdown=2,
+                graceful_s=2,
             )
+            self.served = api.served
+            self.sync()  # the served names, context size, mode and history from the session
             with self._lock:
                 if self._stopping.is_set():
                     return
-                self.server = uvicorn.Server(config)
-            self.server.run(sockets=[self.sock])
+                self.server = api.server
+            api.run(self.sock)
         except BaseException as e:  # uvicorn exits (SystemExit) when it cannot start
             self.error = f"{type(e).__name__}: {e}"
             log.exception("the local API server stopped")

@@ -14,7 +14,8 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from app.engine import Action, Decision, Finished, Source, Started, Step
+from app.engine import Action, Decision, Finished, FinishReason, Source, Started, Step
+from app.ui.shared.saved import SavedReply
 
 RATE_WINDOW = 8  # rounds in the moving window of the tokens/s plot
 ROLLING_REPLIES = 10
@@ -147,15 +148,16 @@ class ReplyMeter:
         """Where the last round that drafted got its draft (``Source.NONE``: none has)."""
         return self.drafted.source if self.drafted is not None else Source.NONE
 
-    def to_stats(self) -> dict:
-        """What is saved with the message (the engine's Stats plus what the UI measured)."""
-        out: dict = {}
-        if self.finished is not None:
-            out["reason"] = self.finished.reason
-            out["stats"] = self.finished.stats.to_dict()
-        out["ttft_ui_s"] = self.ttft
-        out["draft_spans"] = self.draft_spans
-        return out
+    def saved(self, reason: FinishReason | None = None) -> SavedReply:
+        """What is saved with the message (the engine's Stats plus what the UI measured); ``reason``
+        instead of the finished reply's."""
+        fin = self.finished
+        return SavedReply(
+            reason=reason or (fin.reason if fin is not None else None),
+            stats=fin.stats if fin is not None else None,
+            ttft_ui_s=self.ttft,
+            draft_spans=tuple(self.draft_spans),
+        )
 
 
 @dataclass

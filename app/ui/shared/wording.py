@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from app.engine import Action, Decision, Declined, MemoryKind, ModelInfo, Policy, Rollback, Source
+from app.engine import (
+    Action,
+    Decision,
+    Declined,
+    FinishReason,
+    MemoryKind,
+    Mode,
+    ModelInfo,
+    Policy,
+    Rollback,
+    Source,
+)
 from app.gguf.arch import ArchFacts
 from app.ui.shared.metrics import ReplyMeter
 from models_registry.drafting import pair_drafting
@@ -15,6 +26,20 @@ SOURCE_NAMES = {
     Source.NONE: "nothing",
 }
 COPY_NAMES = {Source.LOOKUP: "prompt lookup", Source.HISTORY: "history"}
+# a reply's mode and why it ended, in a message's footer
+MODE_NAMES = {
+    Mode.AUTO: "auto",
+    Mode.SPECULATIVE: "draft model",
+    Mode.LOOKUP: "prompt lookup",
+    Mode.MTP: "MTP",
+    Mode.PLAIN: "plain",
+    Mode.REMOTE: "remote",
+}
+REASON_NAMES = {
+    FinishReason.LENGTH: "stopped at the token limit",
+    FinishReason.CANCELLED: "stopped",
+    FinishReason.CONTEXT: "context full",
+}
 
 
 def describe_declined(d: Declined) -> str:
@@ -82,9 +107,9 @@ def describe_decision(d: Decision, where: str = "this machine") -> str:
     return text
 
 
-def status_text(meter: ReplyMeter, backend: str, mode: str) -> str:
+def status_text(meter: ReplyMeter, backend: str, mode: Mode | None) -> str:
     """The gauges' one-line status for the reply so far."""
-    if mode == "remote":
+    if mode is Mode.REMOTE:
         if meter.finished is None:
             return "A remote server writes this reply: its speed and acceptance come with its end."
         if meter.n_drafted:
@@ -97,7 +122,7 @@ def status_text(meter: ReplyMeter, backend: str, mode: str) -> str:
         return f"{text} ({describe_declined(last.declined)})." if last.declined else text + "."
     if not meter.rounds or last is None:
         return ""
-    if mode == "plain":
+    if mode is Mode.PLAIN:
         return "Plain decoding (speculation is off)."
     if last.action is Action.NO_ROLLBACK:
         return "Plain decoding: this model's memory cannot undo a rejected draft, so it cannot speculate."
