@@ -6,32 +6,41 @@
   tool calls and tool results reach the template as llama.cpp's ``--jinja`` passes them; where a
   template cannot show one of them (Gemma's), it is written into the messages instead
   (:class:`TemplateCaps`).
+  The sandbox is `app.engine.template_sandbox`.
 * :class:`Utf8Stream` turns token byte pieces into text without ever emitting a broken
-  character.
-* :class:`StopMatcher` cuts generated text at the first completed stop string, holding back
-  only what could still become one.
+  character, and :class:`StopMatcher` cuts generated text at the first completed stop string,
+  holding back only what could still become one (both in `app.engine.textstream`).
 
 Pure Python: no llama.cpp import.
 """
 
 from __future__ import annotations
 
-import codecs
 import json
-import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextvars import ContextVar
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from types import TracebackType
 from typing import Any
 
 import jinja2
 import jinja2.ext
 from jinja2 import nodes
 from jinja2.exceptions import SecurityError
-from jinja2.runtime import Context, Undefined
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from app.engine.template_sandbox import (
+    _BUDGET,
+    _CANCEL_EVERY,
+    _ITER_FILTER,
+    Cancelled,
+    _BudgetedIterable,
+    _ChatSandbox,
+    _raise_exception,
+    _RenderBudget,
+    _strftime_now,
+    _template_lineno,
+    _tojson,
+    _with_line,
+)
+from app.engine.textstream import StopMatcher, Utf8Stream
 
 __all__ = [
     "CHATML_TEMPLATE",
@@ -63,12 +72,6 @@ CHATML_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
-
-_TEMPLATE_FILENAME = "<template>"  # what Jinja names a template made with from_string()
-_ITER_FILTER = "__tandem_budgeted_iter"  # filter wrapped around every {% for %} iterable
-_MAX_REPEAT = 10_000_000  # longest str / list a template may build with `*`
-_MAX_EXPONENT = 4096  # largest integer exponent a template may use with `**`
-_CANCEL_EVERY = 256  # sandbox checks between two looks at a render's cancel
 
 
 class ChatTemplateError(ValueError):
@@ -113,151 +116,6 @@ def _message_dict(message: Message | Mapping[str, Any], index: int) -> dict[str,
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"messages[{index}]: {exc}") from None
     return dict(message)
-
-
-# --------------------------------------------------------------------------- sandbox
-
-
-class Cancelled(Exception):
-    """A render (or a prompt's tokenization) stopped because its request was cancelled."""
-
-
-class _RenderBudget:
-    """Limits of one render: a wall-clock deadline, a number of loop iterations, and a request's cancel
-    (asked every ``_CANCEL_EVERY`` checks)."""
-
-    __slots__ = ("cancel", "checks", "deadline", "iterations_left", "timeout")
-
-    def __init__(self, timeout: float, max_iterations: int, cancel: Callable[[], bool] | None = None) -> None:
-        self.timeout = timeout
-        self.deadline = time.monotonic() + timeout
-        self.iterations_left = max_iterations
-        self.cancel = cancel
-        self.checks = 0
-
-    def check(self) -> None:
-        if time.monotonic() > self.deadline:
-            raise SecurityError(f"chat template took longer than {self.timeout:g} s to render")
-        if self.cancel is not None:
-            self.checks += 1
-            if self.checks % _CANCEL_EVERY == 0 and self.cancel():
-                raise Cancelled("the request was cancelled while its chat was rendered")
-
-    def iteration(self) -> None:
-        self.iterations_left -= 1
-        if self.iterations_left < 0:
-            raise SecurityError("chat template looped too many times")
-        self.check()
-
-
-_BUDGET: ContextVar[_RenderBudget | None] = ContextVar("tandem_chat_render_budget", default=None)
-
-
-def _check_budget() -> None:
-    budget = _BUDGET.get()
-    if budget is not None:
-        budget.check()
-
-
-class _BudgetedIterable:
-    """Wraps a ``{% for %}`` iterable so every iteration is charged to the render budget."""
-
-    __slots__ = ("_iterable",)
-
-    def __init__(self, iterable: Iterable[Any]) -> None:
-        self._iterable = iterable
-
-    def __len__(self) -> int:
-        return len(self._iterable)  # type: ignore[arg-type]  # TypeError is what Jinja expects
-
-    def __iter__(self) -> Iterator[Any]:
-        budget = _BUDGET.get()
-        for item in self._iterable:
-            if budget is not None:
-                budget.iteration()
-            yield item
-
-
-class _ChatSandbox(ImmutableSandboxedEnvironment):
-    """transformers' chat-template sandbox, plus time/iteration/size limits.
-
-    Unsafe attribute access fails at once (transformers would yield an undefined value that
-    only fails when used further).
-    """
-
-    intercepted_binops = frozenset({"*", "**"})
-
-    def unsafe_undefined(self, obj: Any, attribute: str) -> Undefined:
-        raise SecurityError(f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe")
-
-    def call(self, __context: Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:
-        _check_budget()
-        return super().call(__context, __obj, *args, **kwargs)
-
-    def getattr(self, obj: Any, attribute: str) -> Any:
-        _check_budget()
-        return super().getattr(obj, attribute)
-
-    def getitem(self, obj: Any, argument: Any) -> Any:
-        _check_budget()
-        return super().getitem(obj, argument)
-
-    def call_binop(self, context: Context, operator: str, left: Any, right: Any) -> Any:
-        _check_budget()
-        if operator == "*":
-            for seq, count in ((left, right), (right, left)):
-                if (
-                    isinstance(seq, (str, list, tuple))
-                    and isinstance(count, int)
-                    and len(seq) * count > _MAX_REPEAT
-                ):
-                    raise SecurityError(f"chat template builds a sequence longer than {_MAX_REPEAT}")
-        elif (
-            operator == "**"
-            and isinstance(left, int)
-            and isinstance(right, int)
-            and abs(left) > 1
-            and right > _MAX_EXPONENT
-        ):
-            raise SecurityError(f"chat template raises to a power above {_MAX_EXPONENT}")
-        return super().call_binop(context, operator, left, right)
-
-
-def _raise_exception(message: str) -> None:
-    """The ``raise_exception(msg)`` global of HF templates."""
-    raise jinja2.TemplateError(message)
-
-
-def _strftime_now(fmt: str) -> str:
-    """The ``strftime_now(fmt)`` global of HF templates: local time now."""
-    return datetime.now().strftime(fmt)
-
-
-def _tojson(
-    value: Any,
-    ensure_ascii: bool = False,
-    indent: int | str | None = None,
-    separators: tuple[str, str] | None = None,
-    sort_keys: bool = False,
-) -> str:
-    """transformers' ``tojson``: plain ``json.dumps``, no HTML escaping, non-ASCII kept."""
-    return json.dumps(
-        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-    )
-
-
-def _template_lineno(tb: TracebackType | None) -> int | None:
-    """The template line of the innermost template frame of a render traceback."""
-    lineno = None
-    while tb is not None:
-        if tb.tb_frame.f_code.co_filename == _TEMPLATE_FILENAME:
-            lineno = tb.tb_lineno
-        tb = tb.tb_next
-    return lineno
-
-
-def _with_line(message: str, lineno: int | None) -> str:
-    return f"{message} (template line {lineno})" if lineno is not None else message
 
 
 # --------------------------------------------------------------------------- templates
@@ -583,111 +441,3 @@ def strip_leading_bos(text: str, bos_token: str) -> str:
 
 
 # --------------------------------------------------------------------------- UTF-8
-
-
-class Utf8Stream:
-    """Incremental UTF-8 decoding of token byte pieces.
-
-    :meth:`feed` returns only complete characters and holds back an incomplete trailing
-    sequence; invalid bytes become U+FFFD at once (they never stall the stream).
-    :meth:`flush` ends the stream: a dangling incomplete sequence becomes U+FFFD.
-    """
-
-    def __init__(self) -> None:
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def feed(self, piece: bytes | bytearray | memoryview) -> str:
-        """Add bytes; return the newly completed text."""
-        return self._decoder.decode(bytes(piece))
-
-    def flush(self) -> str:
-        """End of generation: return whatever is left (and start afresh)."""
-        return self._decoder.decode(b"", final=True)
-
-    @property
-    def pending(self) -> bytes:
-        """Bytes held back as the start of an incomplete character."""
-        return self._decoder.getstate()[0]
-
-
-# --------------------------------------------------------------------------- stop strings
-
-
-class StopMatcher:
-    """Cuts streamed text at the first stop string to be completed.
-
-    Generation stops as soon as any stop string has arrived in full; the output ends just
-    before it (if several complete at the same character, at the one that starts first).
-    This answer does not depend on how the text is split into :meth:`feed` calls. Held back
-    is only the longest suffix that is a proper prefix of some stop string, so work is
-    linear in the output length.
-    """
-
-    def __init__(self, stops: Sequence[str]) -> None:
-        if isinstance(stops, str):
-            raise TypeError("stops must be a sequence of strings, not a single string")
-        for stop in stops:
-            if not isinstance(stop, str):
-                raise TypeError(f"stop strings must be str, got {type(stop).__name__}")
-            if not stop:
-                raise ValueError("stop strings must not be empty")
-        self.stops: tuple[str, ...] = tuple(dict.fromkeys(stops))
-        self._prefixes = frozenset(stop[:i] for stop in self.stops for i in range(1, len(stop)))
-        self._max_hold = max((len(stop) for stop in self.stops), default=1) - 1
-        self._held = ""
-        self._stopped = False
-
-    @property
-    def stopped(self) -> bool:
-        """Whether a stop string has been hit."""
-        return self._stopped
-
-    @property
-    def held(self) -> str:
-        """Text held back because it could be the beginning of a stop string."""
-        return self._held
-
-    def feed(self, text: str) -> tuple[str, bool]:
-        """Add generated text; return ``(text safe to emit now, stop string hit)``.
-
-        After a hit, further calls return ``("", True)``.
-        """
-        if self._stopped:
-            return "", True
-        window = self._held + text
-        cut = self._first_stop(window)
-        if cut is not None:
-            self._held = ""
-            self._stopped = True
-            return window[:cut], True
-        hold = self._hold_length(window)
-        self._held = window[len(window) - hold :] if hold else ""
-        return window[: len(window) - hold], False
-
-    def flush(self) -> str:
-        """Generation ended without a stop: return the held-back text."""
-        held, self._held = self._held, ""
-        return held
-
-    def reset(self) -> None:
-        """Forget all state, ready for a new generation."""
-        self._held = ""
-        self._stopped = False
-
-    def _first_stop(self, window: str) -> int | None:
-        """Start of the stop string that completes earliest in ``window`` (ties: starts first)."""
-        best: tuple[int, int] | None = None
-        for stop in self.stops:
-            start = window.find(stop)
-            if start >= 0:
-                key = (start + len(stop), start)
-                if best is None or key < best:
-                    best = key
-        return None if best is None else best[1]
-
-    def _hold_length(self, window: str) -> int:
-        """Length of the longest suffix of ``window`` that is a proper prefix of a stop."""
-        for length in range(min(self._max_hold, len(window)), 0, -1):
-            if window[-length:] in self._prefixes:
-                return length
-        return 0

@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from app.engine import sampling
-from app.engine.chat import StopMatcher, Utf8Stream
 from app.engine.drafting.base import EMPTY, Drafter, Outcome, Proposal
 from app.engine.errors import PromptTooLongError
 from app.engine.events import Finished, FinishReason, Mode, Started, StatsBuilder, Step
 from app.engine.policy import DraftPolicy
 from app.engine.sampling import SamplingParams
 from app.engine.sequence import PROMPT, CachedSequence
+from app.engine.textstream import StopMatcher, Utf8Stream
 
 if TYPE_CHECKING:
     from app.engine.grammar import Grammar
