@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -76,6 +77,25 @@ def test_store_conversations_messages_and_meta(tmp_path) -> None:
     store.delete(a.id)
     assert store.get(a.id) is None and store.get_meta("last_conversation") == str(a.id)
     store.close()
+
+
+def test_a_saved_reply_reads_back_as_its_record_old_records_too() -> None:
+    old = {  # as the app saved replies before the record existed: Stats as a dict, a key it lacks
+        "reason": "length",
+        "stats": {"mode": "speculative", "n_generated": 40, "n_drafted": 10, "acceptance_rate": 0.5,
+                  "decode_tokens_per_second": 12.5, "acceptance_by_position": [0.75, 0.25],
+                  "drafting_off": None},
+        "ttft_ui_s": 0.2,
+        "draft_spans": [[0, 3], [5, 9]],
+    }  # fmt: skip
+    saved = SavedReply.from_json(old)
+    assert saved.reason is FinishReason.LENGTH and saved.ttft_ui_s == 0.2
+    assert saved.stats is not None and saved.stats.mode is Mode.SPECULATIVE and saved.stats.n_generated == 40
+    assert saved.stats.acceptance_by_position == (0.75, 0.25) and saved.stats.python_share == 0.0
+    assert saved.draft_spans == ((0, 3), (5, 9))
+    assert SavedReply.from_json(json.loads(json.dumps(saved.to_json()))) == saved
+    assert SavedReply.from_json({"reason": "error"}).reason is FinishReason.ERROR
+    assert SavedReply.from_json(None) == SavedReply()
 
 
 # -- settings ---------------------------------------------------------------------------------------
