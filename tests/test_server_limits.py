@@ -142,8 +142,11 @@ def test_body_too_large_or_too_slow(client, tiny_pair) -> None:
             piece = b'{"messages": [' + b'{"role": "user", "content": "hi"},' * 150
             s.sendall(
                 b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
-                b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" % running.port
-                + b"%x\r\n" % len(piece) + piece + b"\r\n"
+                b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+                % running.port
+                + b"%x\r\n" % len(piece)
+                + piece
+                + b"\r\n"
             )
             head, _, body = read_to_eof(s).decode().partition("\r\n\r\n")
         assert head.startswith("HTTP/1.1 413"), head
