@@ -70,10 +70,12 @@ class MeasuredCosts:
         self._pending: list[tuple[int, float]] = []  # samples taken before any step was timed
         self._cache: dict[int, float | None] = {}
         self._known: dict[int, float] | None = None  # batch size -> median ratio, until a change
+        self._low: Optimistic | None = None  # the optimistic reading, until a change
 
     def observe_verify(self, batch: int, seconds: float) -> None:
         self._cache.clear()
         self._known = None
+        self._low = None
         if batch <= 1:
             self._step.add(seconds)
             pending, self._pending = self._pending, []
@@ -95,6 +97,7 @@ class MeasuredCosts:
     def observe_draft(self, n_tokens: int, seconds: float) -> None:
         if n_tokens > 0:
             self._cache.clear()
+            self._low = None
             self._add_relative(0, seconds / n_tokens)  # batch 0: the draft's step
 
     def ratio(self, batch: int) -> float:
@@ -125,6 +128,12 @@ class MeasuredCosts:
         if not self._draft.n or not self._step.n:
             return None
         return self._draft.value * self._step.value
+
+    def optimistic(self) -> Optimistic:
+        """The same costs at the lowest recent timing of each (see :class:`Optimistic`)."""
+        if self._low is None:
+            self._low = Optimistic(self)
+        return self._low
 
     def state(self) -> dict[str, Any]:
         """The relative costs learned, for :class:`~app.engine.auto.memory.AutoMemory`: each batch size's
@@ -180,3 +189,38 @@ class Realized:
     def rate(self) -> float:
         seconds = sum(s for _, s in self.rounds)
         return sum(n for n, _ in self.rounds) / seconds if seconds else 0.0
+
+
+class Optimistic:
+    """A :class:`MeasuredCosts` read at each batch size's (and the draft's) lowest recent timing.
+
+    Costs are timed only in the rounds that use them: a draft length (or the draft model) ruled out by
+    timings a busy moment inflated is never run again, so never timed again. Asked whether the draft
+    could pay at its lowest recent timings, auto mode probes it now and then, which times it again;
+    on a quiet machine the lowest timing is about the median, and nothing changes.
+    """
+
+    def __init__(self, costs: MeasuredCosts):
+        self.costs = costs
+        step = costs._step
+        self._step = min(step.samples) if step.n else None
+        self._low = {b: min(w.samples) for b, w in costs._ratio.items() if w.n}
+
+    def verify(self, batch: int) -> float | None:
+        if self._step is None:
+            return None
+        if batch <= 1:
+            return self._step
+        low = self._low.get(batch)
+        ratio = low if low is not None else self.costs.ratio(batch)
+        return self._step * min(ratio, self.costs.ratio(batch))
+
+    def draft_step(self) -> float | None:
+        draft = self.costs._draft
+        return min(draft.samples) * self._step if draft.n and self._step is not None else None
+
+    def observe_verify(self, batch: int, seconds: float) -> None:
+        self.costs.observe_verify(batch, seconds)
+
+    def observe_draft(self, n_tokens: int, seconds: float) -> None:
+        self.costs.observe_draft(n_tokens, seconds)

@@ -195,8 +195,17 @@ class ModelRounds:
         are bounded by this one, so the answer is the same, for a third of the Python per round (on
         a CPU where the draft model never pays, most rounds ask it).
         """
+        low = self.low_costs()
+        draft = low.draft_step() or draft_cost
         scale = min(1.0, self.overrun())
-        return best_length(ALWAYS, self.costs, draft_cost, limit, self.margin, scale=scale).k == 0
+        return best_length(ALWAYS, low, draft, limit, self.margin, scale=scale).k == 0
+
+    def low_costs(self) -> CostModel:
+        """The costs at their lowest recent timings (a cost model without them: itself). What rules the
+        draft out for good, and what a probe hopes for, is judged on these: a timing a busy moment
+        inflated would otherwise never be taken again (see :class:`~.costs.Optimistic`)."""
+        low = getattr(self.costs, "optimistic", None)
+        return low() if low is not None else self.costs
 
     def overrun(self) -> float:
         """What model rounds really took over what the cost model predicted (1.0 until measured)."""
@@ -254,7 +263,9 @@ class ModelRounds:
         over the ``rest`` of the reply, discounted by the odds that drafting turns out to pay."""
         if self.since < self._probe_interval:
             return False
-        best = best_length(self._probe_optimism(), self.costs, draft_cost, limit, self.margin)
+        low = self.low_costs()
+        draft_cost = low.draft_step() or draft_cost
+        best = best_length(self._probe_optimism(), low, draft_cost, limit, self.margin)
         if best.k == 0 or best.plain_rate <= 0:
             return False  # the draft model cannot pay here even if this class turns out much better
         catch_up = self.model.pending(tokens) * self.sync_per_token(draft_cost)
@@ -264,8 +275,8 @@ class ModelRounds:
         for i in range(k):
             reach *= known.alpha(i)
             expected += reach
-        verify = self.costs.verify(k + 1)
-        own = (k * draft_cost + (verify or 0.0)) * self.overrun() - expected / best.plain_rate
+        verify = low.verify(k + 1)
+        own = (k * draft_cost + (verify or 0.0)) * min(1.0, self.overrun()) - expected / best.plain_rate
         rest_of_reply = rest / best.plain_rate  # seconds, decoding plainly
         gain = self.probe_odds * (best.rate / best.plain_rate - 1) * rest_of_reply
         return catch_up + max(0.0, own) <= gain
@@ -274,7 +285,7 @@ class ModelRounds:
         """Learn from a round this model drafted (``seconds``: the round's time with its catch-up
         spread as planned; ``charged``: the part of the catch-up in it)."""
         d, v = self.costs.draft_step(), self.costs.verify(outcome.batch)
-        if not self.probing and proposal.tokens and d and v:
+        if proposal.tokens and d and v:  # a probe too: it re-times what paused the draft
             self.overrun_window.add(seconds / (outcome.n_drafted * d + v + charged))
         if proposal.n_steps:
             self.costs.observe_draft(proposal.n_steps, proposal.t_steps)
