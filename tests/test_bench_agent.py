@@ -85,12 +85,14 @@ def test_the_loop_on_servers_interleaves_restarts_and_reports(tiny_pair, tmp_pat
         max_tokens=96,
         no_second_pass=False,
     )
-    task = Task("forced", "Run the tests, then read a file.", forced=("run_tests", "read_file", "none"))
+    # calls without a choice in their arguments: a random tiny model's choice between two paths can be a
+    # near tie, which auto mode's batches of another shape may break the other way (seen once, pass 2)
+    task = Task("forced", "Run the tests, then list the files.", forced=("run_tests", "list_files", "none"))
     data = agent.run(args, (task,))
     meta, steps = data["meta"], data["steps"]
     assert meta["modes"] == ["plain", "auto"] and meta["passes"] == 2
     assert [(s["pass"], s["step"], s["calls"]) for s in steps] == [
-        (p, i, c) for p in (1, 2) for i, c in enumerate((["run_tests"], ["read_file"], []))
+        (p, i, c) for p in (1, 2) for i, c in enumerate((["run_tests"], ["list_files"], []))
     ]
     assert all(s["same"] for s in steps)  # greedy and lossless: auto writes plain's replies
     assert [s["kind"] for s in steps[:3]] == ["call", "call", "answer"]
@@ -111,4 +113,4 @@ def test_the_loop_on_servers_interleaves_restarts_and_reports(tiny_pair, tmp_pat
     assert summary["pass 2"]["all"]["auto"]["differs"] == 0
     table = agent.markdown(summary, meta["modes"])
     assert "| pass 1 | other (3) | auto |" in table and "| pass 2 | all (3) | plain |" in table
-    assert "step 1: call ['read_file']" in capsys.readouterr().err
+    assert "step 1: call ['list_files']" in capsys.readouterr().err
