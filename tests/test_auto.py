@@ -1056,3 +1056,26 @@ def test_copies_offered_but_not_drafted_are_followed_as_evidence(monkeypatch) ->
     monkeypatch.setattr(CopyRounds, "follow", lambda self, tokens, end=False: None)
     blind = decode_teacher_forced(AutoDrafter(None, LookupDrafter(), costs=costs), prompt, reply, costs)
     assert not blind, "without following undrafted copies, the prior alone never drafts them"
+
+
+def test_costs_a_busy_moment_inflated_do_not_rule_the_draft_out_for_good() -> None:
+    """A draft length or the draft model ruled out by timings a busy moment inflated is never run, so
+    never timed again: what rules it out for good, and what a probe hopes for, is judged at each
+    cost's lowest recent timing."""
+    costs = MeasuredCosts()
+    for batch, seconds in ((1, 0.1), (4, 0.40), (4, 0.41), (4, 0.13), (1, 0.1)):
+        costs.observe_verify(batch, seconds)
+    for seconds in (0.10, 0.09, 0.04):  # the draft's step: timed twice while the machine was busy
+        costs.observe_draft(1, seconds)
+    draft = costs.draft_step()
+    assert draft == pytest.approx(0.09)
+    always = Acceptance(8, prior=1.0, weight=1e12)
+    assert best_length(always, costs, draft, 3, 0.03).k == 0  # by the medians: never, even always right
+    low = costs.optimistic()
+    assert low.draft_step() == pytest.approx(0.04) and low.verify(4) == pytest.approx(0.13)
+    auto = AutoDrafter(StaleDraft(4), LookupDrafter(), n_max=3, costs=costs)  # type: ignore[arg-type]
+    assert not auto.rounds.cannot_pay(draft, 3)  # so it is not ruled out for good...
+    auto.rounds.since = 10**6
+    assert auto.rounds.probe_due([], draft, 3, 10**4)  # ...and a probe times it again
+    costs.observe_verify(4, 0.13)  # a new timing: the reading follows it
+    assert costs.optimistic().verify(4) == pytest.approx(0.13)
