@@ -291,7 +291,9 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:  # a step that fails is recorded, and the others still run
             result.setdefault("errors", {})[step] = f"{type(e).__name__}: {e}"
             print(f"{step} FAILED: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-            status = 3 if type(e).__name__ == "NotOnGPU" else status or 1
+            from bench.gpu_costs import NotOnGPU
+
+            status = 3 if isinstance(e, NotOnGPU) else status or 1
         done(step, t0)
     result["summary"] = summary_lines(result)
     write(args.out, result)
