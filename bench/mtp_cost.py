@@ -110,7 +110,7 @@ def measure(path: Path, *, context: int, repeats: int, threads: int) -> dict:
 def speedup(a: float, k: int, verify: list[float], catch_up: float, step: float) -> float:
     """Expected tokens per decode step's time with drafts of ``k`` at acceptance ``a``."""
     tokens = k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
-    return tokens / (verify[k] + catch_up + (k - 1) * step)
+    return tokens / (verify[k + 1] + catch_up + (k - 1) * step)  # a batch of the pending token and k
 
 
 def break_even(verify: list[float], catch_up: float, step: float, k_max: int = 8) -> tuple[float, int]:
@@ -124,10 +124,12 @@ def break_even(verify: list[float], catch_up: float, step: float, k_max: int = 8
 
 def report(m: dict) -> dict:
     """Break-even acceptance here and on a GPU, and the speed-up at a few acceptances."""
-    ks = sorted(int(b) for b in m["verify"])
-    here_v = [0.0] + [float(np.interp(b, ks, [m["verify"][k] for k in ks])) for b in range(1, 10)]
-    catch = float(m["mtp"][2])  # a round usually catches up the pending token and an accepted one
-    step = float(m["mtp"][1])
+    verify = {int(b): float(x) for b, x in m["verify"].items()}  # (JSON keys are text)
+    head = {int(b): float(x) for b, x in m["mtp"].items()}
+    ks = sorted(verify)
+    here_v = [0.0] + [float(np.interp(b, ks, [verify[k] for k in ks])) for b in range(1, 10)]
+    catch = head[2]  # a round usually catches up the pending token and an accepted one
+    step = head[1]
     gpu_v = [0.0, *gpu_ratios(9)]
     share = float(m["bytes_share"])
     out = {
