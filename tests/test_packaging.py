@@ -177,9 +177,7 @@ def test_self_test_in_process_passes_and_prints_figures():
     from app.selftest import run_self_test
 
     out = io.StringIO()
-    t0 = time.perf_counter()
     code = run_self_test(out=out, prompts=("The quick brown fox", "def add(a, b):\n"), max_tokens=24)
-    elapsed = time.perf_counter() - t0
     text = out.getvalue()
     assert code == 0, text
     for needle in (
@@ -194,7 +192,6 @@ def test_self_test_in_process_passes_and_prints_figures():
         "self-test passed",
     ):
         assert needle in text, text
-    assert elapsed < 15, f"self-test took {elapsed:.1f} s"
 
 
 def test_self_test_gpu_line_keeps_the_reasons_parentheses():
