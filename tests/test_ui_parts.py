@@ -110,6 +110,9 @@ def test_settings_round_trip_and_engine_mapping(tmp_path) -> None:
     assert s.generation(has_draft=False).mode == "auto"
     assert AppSettings(speculative=False).generation().mode == "plain"
     assert AppSettings(draft_source="lookup").generation().mode == "lookup"
+    # the model's own MTP layers: drafted with where the target has them, else auto mode
+    assert AppSettings(draft_source="mtp").generation(has_mtp=True).mode == "mtp"
+    assert AppSettings(draft_source="mtp").generation(has_mtp=False).mode == "auto"
     assert AppSettings(seed=-1).generation().sampling.seed is None
     ls = s.load("t.gguf", None)
     assert (ls.n_threads, ls.draft) == (2, None)

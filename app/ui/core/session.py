@@ -74,6 +74,11 @@ class Session(QObject):
         return self.engine_info is not None and self.engine_info.draft is not None
 
     @property
+    def has_mtp(self) -> bool:
+        """The loaded target has multi-token-prediction layers (mode "mtp" can draft)."""
+        return self.engine_info is not None and self.engine_info.target.mtp_layers > 0
+
+    @property
     def ready(self) -> bool:
         """A reply can start now (a pair is loaded or a server is used, none loads, nothing holds it)."""
         return bool(self.info) and not self.loading and not self.busy_elsewhere
@@ -88,7 +93,7 @@ class Session(QObject):
 
     def generation(self) -> GenerationSettings:
         """The settings of the next reply."""
-        return self.settings.generation(has_draft=self.has_draft)
+        return self.settings.generation(has_draft=self.has_draft, has_mtp=self.has_mtp)
 
     # -- settings -----------------------------------------------------------------------------------
     def apply_settings(self, new: AppSettings) -> None:

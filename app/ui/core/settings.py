@@ -56,10 +56,11 @@ class AppSettings:
         sources = {"auto": Mode.AUTO, "model": Mode.SPECULATIVE, "lookup": Mode.LOOKUP, "mtp": Mode.MTP}
         return sources.get(self.draft_source, Mode.AUTO)
 
-    def generation(self, *, has_draft: bool = True) -> GenerationSettings:
-        """Per-reply engine settings. Without a draft model, "draft model" falls back to auto mode."""
+    def generation(self, *, has_draft: bool = True, has_mtp: bool = True) -> GenerationSettings:
+        """Per-reply engine settings. Without a draft model, "draft model" falls back to auto mode;
+        with a target that has no multi-token-prediction layers, so does "the model's own MTP layers"."""
         mode = self.mode
-        if mode is Mode.SPECULATIVE and not has_draft:
+        if (mode is Mode.SPECULATIVE and not has_draft) or (mode is Mode.MTP and not has_mtp):
             mode = Mode.AUTO
         return GenerationSettings.from_options(
             mode,
