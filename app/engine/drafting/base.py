@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from app.engine import sampling
 from app.engine.events import Decision, Source
 from app.engine.sampling import SamplingParams
 
@@ -106,3 +107,28 @@ def common_prefix(a: Sequence[int], b: Sequence[int], start: int = 0) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+def draft_token(
+    logits: np.ndarray,
+    history: Sequence[int],
+    params: SamplingParams,
+    rng: np.random.Generator,
+    walk: Grammar | None,
+    p_min: float,
+) -> tuple[int, np.ndarray | None, float] | None:
+    """One drafted token from a draft's logits: ``(token, q, confidence)``, or None where the draft's
+    top probability is under ``p_min``. Greedy: the argmax (a point mass, ``q`` None) among what the
+    grammar walk allows; sampling: drawn from the distribution ``q`` under the same settings, which
+    verification needs for exact rejection sampling."""
+    if params.greedy:
+        x = sampling.penalized(logits, history, params)
+        if walk is not None and not walk.allows(int(x.argmax())):
+            x = sampling.masked(x, walk)
+        top = sampling.top_probability(x)
+        return (int(x.argmax()), None, top) if top >= p_min else None
+    q = sampling.distribution(logits, history, params, walk)
+    if float(q.max()) < p_min:
+        return None
+    tok = sampling.sample(q, rng)
+    return tok, q, float(q[tok])

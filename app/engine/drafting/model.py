@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from app.engine import sampling
-from app.engine.drafting.base import EMPTY, Outcome, Proposal, common_prefix
+from app.engine.drafting.base import EMPTY, Outcome, Proposal, common_prefix, draft_token
 from app.engine.events import Source
 from app.engine.sampling import SamplingParams
 from app.engine.sequence import PROMPT, CachedSequence
@@ -96,22 +95,10 @@ class ModelDrafter:
         history = list(tokens)
         walk = grammar.fork() if grammar is not None else None
         for j in range(k):
-            logits = self.ctx.logits(-1)
-            if params.greedy:
-                x = sampling.penalized(logits, history, params)
-                if walk is not None and not walk.allows(int(x.argmax())):
-                    x = sampling.masked(x, walk)
-                top = sampling.top_probability(x)
-                if top < self.p_min:
-                    break
-                tok, q, c = int(x.argmax()), None, top
-            else:
-                q = sampling.distribution(logits, history, params, walk)
-                c = float(q.max())
-                if c < self.p_min:
-                    break
-                tok = sampling.sample(q, rng)
-                c = float(q[tok])
+            drawn = draft_token(self.ctx.logits(-1), history, params, rng, walk, self.p_min)
+            if drawn is None:
+                break
+            tok, q, c = drawn
             ids.append(tok)
             qs.append(q)
             conf.append(c)

@@ -30,8 +30,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from app.engine import sampling
-from app.engine.drafting.base import EMPTY, Outcome, Proposal, common_prefix
+from app.engine.drafting.base import EMPTY, Outcome, Proposal, common_prefix, draft_token
 from app.engine.events import Source
 from app.engine.llama_mtp import MtpContext, hidden_rows, output_hidden
 from app.engine.sampling import SamplingParams
@@ -144,21 +143,10 @@ class MtpDrafter:
         walk = grammar.fork() if grammar is not None else None
         chained = [self._hidden(tokens, range(n - 2, n - 1))[0]]  # the pending token's pair, chained on
         for j in range(k):
-            logits = self.mtp.logits()
-            if params.greedy:
-                x = sampling.penalized(logits, history, params)
-                if walk is not None and not walk.allows(int(x.argmax())):
-                    x = sampling.masked(x, walk)
-                c = sampling.top_probability(x)
-                if c < self.p_min:
-                    break
-                tok, q = int(x.argmax()), None
-            else:
-                q = sampling.distribution(logits, history, params, walk)
-                if float(q.max()) < self.p_min:
-                    break
-                tok = sampling.sample(q, rng)
-                c = float(q[tok])
+            drawn = draft_token(self.mtp.logits(), history, params, rng, walk, self.p_min)
+            if drawn is None:
+                break
+            tok, q, c = drawn
             ids.append(tok)
             qs.append(q)
             conf.append(c)
