@@ -453,6 +453,24 @@ def test_probe_rounds_are_not_judged_and_a_good_probe_clears_the_guard() -> None
     assert not auto.evidence.losing((Source.MODEL, 0))
 
 
+def test_a_probe_right_in_full_keeps_its_interval_and_a_wrong_one_backs_off() -> None:
+    """A probe whose tokens were all accepted is evidence for the draft even when it is not yet
+    enough to plan real rounds: the next probe comes as soon as the first did (a short reply would
+    otherwise never learn that its draft pays). A probe that was wrong doubles the interval."""
+    from app.engine.drafting import Proposal
+
+    auto = AutoDrafter(RecordingDraft(), LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
+    # the class is known to be poor, so one good probe does not make real rounds pay yet
+    auto.evidence.predicted[Source.MODEL][0] = Acceptance(6, prior=0.3, weight=1e6)
+    probe = Proposal((5, 6), (None, None), (0.9, 0.9), Source.MODEL, 0.01, n_steps=1, t_steps=0.001)
+    auto.rounds.probing = True
+    auto.observe(probe, Outcome(Source.MODEL, 2, 2, 3, 0.01, 0.02))
+    assert auto.rounds._probe_interval == auto.rounds.probe_every
+    auto.rounds.probing = True
+    auto.observe(probe, Outcome(Source.MODEL, 2, 0, 3, 0.01, 0.02))
+    assert auto.rounds._probe_interval == 2 * auto.rounds.probe_every
+
+
 def test_losing_short_lookup_matches_do_not_stop_long_ones() -> None:
     auto = AutoDrafter(None, LookupDrafter(), n_max=6, costs=CPU_LIKE)
 

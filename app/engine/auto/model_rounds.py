@@ -305,6 +305,8 @@ class ModelRounds:
             if plan.k:  # drafting pays again: judge the next real rounds afresh
                 self._probe_interval = self.probe_every
                 self.evidence.realized[self.kind()].rounds.clear()
+            elif outcome.n_accepted >= outcome.n_drafted:  # right, but not enough yet: probe on
+                self._probe_interval = self.probe_every
             else:
                 self._probe_interval = min(self.probe_max, self._probe_interval * 2)
 
