@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from app.engine.auto import (
@@ -1097,3 +1099,67 @@ def test_costs_a_busy_moment_inflated_do_not_rule_the_draft_out_for_good() -> No
     assert auto.rounds.probe_due([], draft, 3, 10**4)  # ...and a probe times it again
     costs.observe_verify(4, 0.13)  # a new timing: the reading follows it
     assert costs.optimistic().verify(4) == pytest.approx(0.13)
+
+
+class FixedDraft:
+    """A predictor that drafts ``k`` tokens every time it is asked (for choosing between sources)."""
+
+    def __init__(self, source: Source):
+        self.source = source
+        self.p_min = 0.0
+
+    def pending(self, tokens) -> int:
+        return 1
+
+    def begin(self, prompt, *, evaluate: bool = True) -> float:
+        return 0.0
+
+    def propose(self, tokens, k, params, rng, *, keep_going=None, grammar=None):
+        from app.engine.drafting import Proposal
+
+        return Proposal(tuple(range(7, 7 + k)), (None,) * k, (0.99,) * k, self.source, 0.0, 0.0, k - 1, 0.0)
+
+
+def _timed(costs: MeasuredCosts, mtp: float, model: float, auto: AutoDrafter) -> None:
+    """A CPU-like machine: a batch of b costs 1 + 0.3 (b - 1) steps of 0.1 s; the draft model's and
+    the MTP head's steps as given (in target steps)."""
+    for _ in range(3):
+        for b in range(1, 10):
+            costs.observe_verify(b, 0.1 * (1 + 0.3 * (b - 1)))
+        costs.observe_draft(1, 0.1 * model)
+        auto.mtp_costs.observe_draft(1, 0.1 * mtp)
+
+
+def test_auto_drafts_with_whichever_predictor_pays_more_and_says_which_paused() -> None:
+    from app.engine.auto import MeasuredCosts
+    from app.engine.drafting import LookupDrafter
+    from app.engine.sampling import SamplingParams
+
+    text = [1, 2, 3, 4, 5, 6]
+    for mtp_step, model_step, chosen in ((0.1, 0.6, Source.MTP), (2.0, 0.1, Source.MODEL)):
+        costs = MeasuredCosts()
+        auto = AutoDrafter(
+            FixedDraft(Source.MODEL),
+            LookupDrafter(),
+            mtp=FixedDraft(Source.MTP),
+            n_max=4,
+            costs=costs,  # type: ignore[arg-type]
+        )
+        _timed(costs, mtp_step, model_step, auto)
+        auto.begin(text)
+        prop = auto.propose(text, 4, SamplingParams(), None)
+        assert prop.source is chosen and prop.decision.source is chosen
+        assert auto.mtp_costs.draft_step() == pytest.approx(0.1 * mtp_step)  # each its own step cost
+        assert costs.draft_step() == pytest.approx(0.1 * model_step)
+    # a head whose step costs more than any draft of it could save is paused, and the round says so
+    costs = MeasuredCosts()
+    auto = AutoDrafter(None, LookupDrafter(), mtp=FixedDraft(Source.MTP), n_max=4, costs=costs)  # type: ignore[arg-type]
+    _timed(costs, 2.0, 1.0, auto)
+    auto.begin(text)
+    prop = auto.propose(text, 4, SamplingParams(), None)
+    assert not prop.tokens and prop.decision.action is Action.PAUSED and prop.decision.source is Source.MTP
+    state = auto.state()
+    assert state["mtp"]["draft"] == pytest.approx(2.0)  # the head's cost is remembered with the rest
+    again = AutoDrafter(None, LookupDrafter(), mtp=FixedDraft(Source.MTP), n_max=4, costs=MeasuredCosts())  # type: ignore[arg-type]
+    again.restore(json.loads(json.dumps(state)))
+    assert again.mtp_costs.state()["draft"] == pytest.approx(2.0)

@@ -88,6 +88,12 @@ def test_a_second_session_starts_where_the_first_ended(tiny_pair, tmp_path) -> N
         auto = eng._drafter(GenerationSettings(mode="auto"))
         assert auto.state()["evidence"] == learned["evidence"]  # before any reply
         assert set(eng.costs.state()["ratios"]) == set(ratios)
+        eng.run(ids, GenerationSettings(mode="auto", max_tokens=24))
+        auto.evidence.predicted[Source.MODEL][0].observe(3, 2, ())  # this session learns on...
+        after = auto.state()
+        assert after["evidence"] != learned["evidence"]
+        # ...and the next reply goes on from there (the saved state is read once, not each reply)
+        assert eng._drafter(GenerationSettings(mode="auto")).state() == after
     without = LoadSettings(target=str(tiny_pair.target), draft=str(tiny_pair.draft), n_ctx=512)
     with Engine(without) as eng:  # no data folder: nothing kept
         eng.run(ids, GenerationSettings(mode="auto", max_tokens=8))

@@ -84,6 +84,26 @@ def test_mtp_steps_say_the_head_drafted(engine: Engine) -> None:
     assert steps and all(s.drafter is Source.MTP for s in steps)
 
 
+def test_auto_mode_measures_and_drafts_with_the_head_and_equals_plain(engine: Engine) -> None:
+    """Auto mode takes the head as one of its sources (no draft model here: the head and prompt
+    lookup): it times the head's step, drafts with it where that pays, and says so in each round; the
+    head stays in step when auto and mode "mtp" take turns on one engine."""
+    sources: Counter = Counter()
+    for text in PROMPTS:
+        prompt = engine.tokenize(text)
+        plain = engine.run(prompt, GenerationSettings(mode="plain", max_tokens=40))
+        for mode in ("auto", "mtp", "auto"):
+            events = list(engine.generate(prompt, GenerationSettings(mode=mode, max_tokens=40)))
+            fin = events[-1]
+            assert isinstance(fin, Finished) and fin.tokens == plain.tokens, (text, mode)
+            if mode == "auto":
+                sources.update(e.decision.source for e in events if isinstance(e, Step))
+    assert sources[Source.MTP] > 0  # measured, drafted or paused: the head is in auto mode's choice
+    auto = engine._drafter(GenerationSettings(mode="auto"))
+    assert auto.mtp_costs.draft_step() is not None  # its step was timed, apart from any draft model's
+    assert "mtp" in auto.state()
+
+
 def test_sampled_mtp_output_follows_plain_sampling(engine: Engine) -> None:
     """At temperature 1 the joint law of the first three tokens is the same with and without the head."""
     prompt = engine.tokenize(PROMPTS[2])

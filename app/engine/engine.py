@@ -256,12 +256,16 @@ class Engine:
                     self._model_drafter,
                     LookupDrafter(stops=self.target.control_tokens),
                     history=self._keeper.drafter if self._keeper is not None else None,
+                    # the target's own MTP head, where it has one (one instance for every mode)
+                    mtp=self._mtp(gs) if self.target.n_layer_nextn > 0 else None,  # type: ignore[arg-type]
                     n_max=gs.n_max,
                     costs=self.costs,
                 )
-            if self._model_drafter is not None:
-                self._model_drafter.p_min = gs.p_min
+                # what the last session learned, once: later replies go on from what this one learns
                 self._auto[gs.n_max].restore(self._remembered.get("auto") or {})
+            for drafter in (self._model_drafter, self._mtp_drafter):
+                if drafter is not None:
+                    drafter.p_min = gs.p_min
             return self._auto[gs.n_max]
         if self._model_drafter is None:
             raise EngineError("speculative mode needs a draft model: load one, or use mode 'lookup'")

@@ -170,6 +170,52 @@ class MeasuredCosts:
         return w.n if w is not None else 0
 
 
+class DraftCosts:
+    """Another drafter's view of a :class:`MeasuredCosts`: the target's verify costs are shared, the
+    drafter's cost per token is its own (the MTP head's step is not the draft model's), kept the same
+    way: the median of its recent ratios to one decode step."""
+
+    def __init__(self, base: MeasuredCosts):
+        self.base = base
+        self._draft = Window(base.window)
+
+    def verify(self, batch: int) -> float | None:
+        return self.base.verify(batch)
+
+    def samples(self, batch: int) -> int:
+        return self.base.samples(batch)
+
+    def draft_step(self) -> float | None:
+        step = self.base._step
+        return self._draft.value * step.value if self._draft.n and step.n else None
+
+    def observe_verify(self, batch: int, seconds: float) -> None:
+        self.base.observe_verify(batch, seconds)
+
+    def observe_draft(self, n_tokens: int, seconds: float) -> None:
+        step = self.base._step
+        if n_tokens > 0 and step.n:
+            self._draft.add(seconds / n_tokens / step.value)
+
+    def optimistic(self) -> Optimistic:
+        """The shared costs at their lowest recent timings, with this drafter's step at its lowest."""
+        low = Optimistic(self.base)
+        low.draft = self._draft
+        return low
+
+    def state(self) -> dict[str, Any]:
+        return {"draft": round(self._draft.value, 4) if self._draft.n else None}
+
+    def restore(self, state: dict[str, Any], weight: int = 2) -> None:
+        try:
+            ratio = float(state.get("draft"))  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return
+        if 0.0 < ratio < 1e4:
+            for _ in range(weight):
+                self._draft.add(ratio)
+
+
 class Realized:
     """Tokens per second that recent rounds of one kind actually delivered (pooled, not averaged)."""
 
@@ -202,6 +248,7 @@ class Optimistic:
 
     def __init__(self, costs: MeasuredCosts):
         self.costs = costs
+        self.draft = costs._draft  # the drafter's step ratios (another drafter's, for a DraftCosts)
         step = costs._step
         self._step = min(step.samples) if step.n else None
         self._low = {b: min(w.samples) for b, w in costs._ratio.items() if w.n}
@@ -216,7 +263,7 @@ class Optimistic:
         return self._step * min(ratio, self.costs.ratio(batch))
 
     def draft_step(self) -> float | None:
-        draft = self.costs._draft
+        draft = self.draft
         return min(draft.samples) * self._step if draft.n and self._step is not None else None
 
     def observe_verify(self, batch: int, seconds: float) -> None:

@@ -30,7 +30,7 @@ import numpy as np
 
 from app.engine.auto.acceptance import model_class
 from app.engine.auto.copies import CopyRounds
-from app.engine.auto.costs import CostModel, MeasuredCosts
+from app.engine.auto.costs import CostModel, DraftCosts, MeasuredCosts
 from app.engine.auto.evidence import COPIERS, PLAIN, Evidence, Kind
 from app.engine.auto.model_rounds import ModelRounds
 from app.engine.auto.priors import (
@@ -49,6 +49,7 @@ from app.engine.events import Action, Decision, Declined, Policy, Source
 from app.engine.sampling import SamplingParams
 
 if TYPE_CHECKING:
+    from app.engine.drafting.mtp import MtpDrafter
     from app.engine.grammar import Grammar
 
 
@@ -66,6 +67,7 @@ class AutoDrafter:
         lookup: LookupDrafter,
         *,
         history: Drafter | None = None,
+        mtp: MtpDrafter | None = None,
         n_max: int = 8,
         lookup_max: int = LOOKUP_MAX,
         costs: CostModel | None = None,
@@ -79,6 +81,7 @@ class AutoDrafter:
         self.model = model
         self.lookup = lookup
         self.history = history  # copies from the user's earlier conversations (a HistoryDrafter)
+        self.mtp = mtp  # the target's own multi-token-prediction head, where it has one
         self.n_max = n_max  # the draft model's longest draft
         self.lookup_max = max(n_max, lookup_max)  # prompt lookup's
         self.costs: CostModel = costs or MeasuredCosts()
@@ -87,22 +90,25 @@ class AutoDrafter:
         # how sure the target was of the last tokens (the top probability of each, oldest first)
         self.target_confidence: deque[float] = deque(maxlen=CONFIDENCE_WINDOW)
         self.copies = CopyRounds(self.costs, self.evidence, margin)
-        self.rounds = (
-            ModelRounds(
-                model,
-                self.costs,
-                self.evidence,
-                n_max=n_max,
-                margin=margin,
-                probe_every=probe_every,
-                probe_max=probe_max,
-                probe_odds=probe_odds,
-                optimistic=optimistic,
-                target_conf=self.target_confidence,
-            )
-            if model is not None
+        planning = {
+            "n_max": n_max,
+            "margin": margin,
+            "probe_every": probe_every,
+            "probe_max": probe_max,
+            "probe_odds": probe_odds,
+            "optimistic": optimistic,
+            "target_conf": self.target_confidence,
+        }
+        self.rounds = ModelRounds(model, self.costs, self.evidence, **planning) if model is not None else None
+        # the MTP head's step has its own cost; the target's verify costs are shared
+        self.mtp_costs = DraftCosts(self.costs) if isinstance(self.costs, MeasuredCosts) else self.costs
+        self.mtp_rounds = (
+            ModelRounds(mtp, self.mtp_costs, self.evidence, source=Source.MTP, **planning)  # type: ignore[arg-type]
+            if mtp is not None
             else None
         )
+        # the drafters that predict (judged by the target's confidence), each planned on its own
+        self.predictors = [r for r in (self.rounds, self.mtp_rounds) if r is not None]
         self.refresh_plain = refresh_plain
         self._since_plain = 0
         self._n_rounds = 0  # rounds planned (for fading the evidence by class)
@@ -117,11 +123,11 @@ class AutoDrafter:
         t = self.lookup.begin(prompt)
         if self.history is not None:
             t += self.history.begin(prompt)
-        if self.rounds is not None and self.model is not None:
-            self.rounds.begin()
+        for rounds in self.predictors:
+            rounds.begin()
             # The draft evaluates the prompt now, batched with the target's prompt processing as in
             # speculative mode, while it is in play; otherwise it catches up only if it drafts again.
-            t += self.model.begin(prompt, evaluate=self.rounds.in_play())
+            t += rounds.model.begin(prompt, evaluate=rounds.in_play())
         return t
 
     def propose(
@@ -137,8 +143,8 @@ class AutoDrafter:
         forbids and the draft model masked by it."""
         self.rest = min(k + 1, max(len(tokens) - self._prompt_len, REPLY_MIN))
         limit = min(k, self.n_max)
-        if self.rounds is not None:
-            self.rounds.probing = False
+        for rounds in self.predictors:
+            rounds.probing = False
         if k <= 0:
             return _no_draft(Action.NO_ROOM, 0.0)
         self._since_plain += 1
@@ -162,32 +168,39 @@ class AutoDrafter:
             if earlier.tokens and (not found.tokens or self.copies.better(tokens, found, earlier)):
                 found = earlier
         declined = None  # a copy prompt lookup or the history found and auto did not draft
+        rates = [0.0] * len(self.predictors)  # what each predictor is expected to deliver, where asked
+        if found.tokens or len(self.predictors) > 1:
+            rates = [r.rate(tokens, limit, self.rest, self.copies.share) for r in self.predictors]
         if found.tokens:
-            beat = 0.0
-            if self.rounds is not None:
-                beat = self.rounds.rate(tokens, limit, self.rest, self.copies.share)
-            copied, declined = self.copies.propose(tokens, found, t0, beat)
+            copied, declined = self.copies.propose(tokens, found, t0, max(rates, default=0.0))
             if copied is not None:
                 return copied
-        if self.rounds is None:
+        if not self.predictors:
             return _no_draft(Action.DECLINED if declined else Action.NO_MATCH, t0, declined)
         self.copies.share *= 0.9
-        drafted = self.rounds.propose(
-            tokens, limit, params, rng, t0, rest=self.rest, copy_share=self.copies.share, grammar=grammar
-        )
-        if isinstance(drafted, Action):
-            return _no_draft(drafted, t0, declined)
-        return drafted
+        # the predictor expected to deliver most drafts; one that is paused (or has no room) leaves
+        # the round to the next
+        ranked = sorted(range(len(rates)), key=lambda i: -rates[i])  # ties: the draft model first
+        first: tuple[Action, Source] | None = None
+        for rounds in (self.predictors[i] for i in ranked):
+            drafted = rounds.propose(
+                tokens, limit, params, rng, t0, rest=self.rest, copy_share=self.copies.share, grammar=grammar
+            )
+            if not isinstance(drafted, Action):
+                return drafted
+            first = first or (drafted, rounds.source)
+        assert first is not None
+        return _no_draft(first[0], t0, declined, first[1])
 
     def observe(self, proposal: Proposal, outcome: Outcome) -> None:
         self.costs.observe_verify(outcome.batch, outcome.t_verify)
         self.target_confidence.extend(outcome.confidence)
-        rounds = self.rounds
+        rounds = next((r for r in self.predictors if r.source is proposal.source), None)
         probing = rounds is not None and rounds.probing
         kind: Kind = PLAIN
         if proposal.tokens and proposal.source in COPIERS:
             kind = self.copies.round[0]
-        elif proposal.tokens and rounds is not None and proposal.source is rounds.source:
+        elif proposal.tokens and rounds is not None:
             kind = rounds.kind()
         seconds, charged = outcome.t_round, 0.0
         if proposal.n_sync > 2 and rounds is not None:  # the round's share of catching up, as planned
@@ -200,13 +213,17 @@ class AutoDrafter:
             self._since_plain = 0
         if proposal.source in COPIERS:
             self.copies.observe(proposal, outcome)
-        elif rounds is not None and proposal.source is rounds.source:
+        elif rounds is not None:
             rounds.observe(proposal, outcome, seconds, charged)
 
     def state(self) -> dict[str, Any]:
         """What auto mode learned (pooled acceptance by source and class, model rounds' overrun), for
         :class:`~app.engine.auto.memory.AutoMemory`; the costs are the cost model's to save."""
-        return {"evidence": self.evidence.state(), "model": self.rounds.state() if self.rounds else {}}
+        out = {"evidence": self.evidence.state(), "model": self.rounds.state() if self.rounds else {}}
+        if self.mtp_rounds is not None:
+            mtp_costs = self.mtp_costs.state() if isinstance(self.mtp_costs, DraftCosts) else {}
+            out["mtp"] = {**self.mtp_rounds.state(), **mtp_costs}
+        return out
 
     def restore(self, state: dict[str, Any]) -> None:
         """Start from a saved :meth:`state` (what does not fit this drafter's shape is skipped)."""
@@ -215,12 +232,21 @@ class AutoDrafter:
             self.evidence.restore(evidence)
         if isinstance(model, dict) and self.rounds is not None:
             self.rounds.restore(model)
+        mtp = state.get("mtp")
+        if isinstance(mtp, dict) and self.mtp_rounds is not None:
+            self.mtp_rounds.restore(mtp)
+            if isinstance(self.mtp_costs, DraftCosts):
+                self.mtp_costs.restore(mtp)
 
     def close(self) -> None:
         self.lookup.close()
 
 
-def _no_draft(action: Action, t0: float, declined: Declined | None = None) -> Proposal:
-    """A round that drafts nothing, and why (``t0``: when planning began; 0.0 for no time spent)."""
+def _no_draft(
+    action: Action, t0: float, declined: Declined | None = None, source: Source = Source.NONE
+) -> Proposal:
+    """A round that drafts nothing, and why (``t0``: when planning began; 0.0 for no time spent;
+    ``source``: the drafter that paused, where one did)."""
     t = time.perf_counter() - t0 if t0 else 0.0
-    return Proposal((), (), (), Source.NONE, t, decision=Decision(action, Policy.AUTO, declined=declined))
+    decision = Decision(action, Policy.AUTO, source, declined=declined)
+    return Proposal((), (), (), Source.NONE, t, decision=decision)

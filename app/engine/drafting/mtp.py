@@ -25,7 +25,7 @@ as the heads are many). One head (Qwen3.5/3.6) chains on itself, one position at
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -108,12 +108,17 @@ class MtpDrafter:
         return n - keep
 
     # -- the Drafter protocol -------------------------------------------------------------------------
-    def begin(self, prompt: Sequence[int]) -> float:
-        """The prompt's pairs (all but the pending token's), while the prompt is being processed."""
+    def begin(self, prompt: Sequence[int], *, evaluate: bool = True) -> float:
+        """The prompt's pairs (all but the pending token's), while the prompt is being processed
+        (``evaluate=False``: later, when the head next drafts; auto mode, where it is out of play)."""
         t0 = time.perf_counter()
-        if len(prompt) > 1:
+        if evaluate and len(prompt) > 1:
             self._catch_up(prompt, len(prompt) - 1, logits=False)
         return time.perf_counter() - t0
+
+    def pending(self, tokens: Sequence[int]) -> int:
+        """The pairs the head would evaluate before drafting after ``tokens`` (its catch-up)."""
+        return max(1, len(tokens) - common_prefix(self.held, tokens))
 
     def propose(
         self,
@@ -122,11 +127,13 @@ class MtpDrafter:
         params: SamplingParams,
         rng: np.random.Generator,
         *,
+        keep_going: Callable[[int, Sequence[float]], bool] | None = None,
         grammar: Grammar | None = None,
     ) -> Proposal:
         """Up to ``k`` tokens after ``tokens`` (the last one pending: the target has not evaluated it).
         Greedy: the head's argmax (a point mass); sampling: drawn from the head's distribution under
-        the same settings, which verification gets as ``q`` (exact rejection sampling)."""
+        the same settings, which verification gets as ``q`` (exact rejection sampling). With
+        ``keep_going`` (auto mode), the draft stops where it says a longer one no longer pays."""
         if k <= 0 or len(tokens) < 2:
             return EMPTY
         t0 = time.perf_counter()
@@ -153,7 +160,7 @@ class MtpDrafter:
             history.append(tok)
             if walk is not None and (not walk.advance(tok) or walk.done):
                 break
-            if j == k - 1:
+            if j == k - 1 or (keep_going is not None and not keep_going(j, conf)):
                 break
             t1 = time.perf_counter()
             if self.chain:  # head j + 1 evaluates the pending token and the draft so far again

@@ -25,6 +25,7 @@ SOURCE_NAMES = {
     Source.MTP: "the model's own MTP head",
     Source.NONE: "nothing",
 }
+PREDICTOR_NAMES = {Source.MODEL: "draft model", Source.MTP: "MTP head"}
 COPY_NAMES = {Source.LOOKUP: "prompt lookup", Source.HISTORY: "history"}
 # a reply's mode and why it ended, in a message's footer
 MODE_NAMES = {
@@ -71,7 +72,7 @@ def _drafting(d: Decision) -> str:
             text += f", copy broke at token {d.copy_broke_at} before"
     else:
         sure = f"{d.target_sure:.0%}" if d.target_sure is not None else f"under {d.sure_floor:.0%}"
-        text = f"draft model: target {sure} sure"
+        text = f"{PREDICTOR_NAMES.get(d.source, 'draft model')}: target {sure} sure"
         if d.acceptance is not None:
             text += f", {d.acceptance:.0%} acceptance"
     speed = _speedups(d)
@@ -92,11 +93,14 @@ def describe_decision(d: Decision, where: str = "this machine") -> str:
     elif a is Action.NO_MATCH:
         text = "no n-gram match"
     elif a is Action.MEASURE:
-        text = "measuring the draft model" if d.source is Source.MODEL else "measuring plain decoding"
+        name = PREDICTOR_NAMES.get(d.source)
+        text = f"measuring the {name}" if name else "measuring plain decoding"
     elif a is Action.PROBE:
         text = "probing: re-measuring whether drafting pays"
     elif a is Action.PAUSED:
         text = f"drafting paused: verifying costs more than it saves on {where}"
+        if d.source is Source.MTP:
+            text = f"MTP head paused: its drafts cost more than they save on {where}"
     elif d.declined is not None:  # DECLINED, with what was on offer
         return describe_declined(d.declined)
     else:
@@ -119,6 +123,8 @@ def status_text(meter: ReplyMeter, backend: str, mode: Mode | None) -> str:
     if meter.paused and last is not None:
         where = f"this {backend}" if backend else "this machine"
         text = f"Drafting paused: verifying costs more than it saves on {where}"
+        if last.source is Source.MTP:
+            text = f"The MTP head is paused: its drafts cost more than they save on {where}"
         return f"{text} ({describe_declined(last.declined)})." if last.declined else text + "."
     if not meter.rounds or last is None:
         return ""
