@@ -1163,3 +1163,32 @@ def test_auto_drafts_with_whichever_predictor_pays_more_and_says_which_paused() 
     again = AutoDrafter(None, LookupDrafter(), mtp=FixedDraft(Source.MTP), n_max=4, costs=MeasuredCosts())  # type: ignore[arg-type]
     again.restore(json.loads(json.dumps(state)))
     assert again.mtp_costs.state()["draft"] == pytest.approx(2.0)
+
+
+def test_a_reply_tries_the_draft_early_and_keeps_it_while_it_is_right() -> None:
+    """Where the class's estimate alone says the draft cannot pay but a plausible acceptance could,
+    a reply drafts on hope from its first rounds while every draft was accepted in full (arithmetic,
+    a list of records: the draft shows it at once), and stops at the first draft it got wrong."""
+    from app.engine.drafting import LookupDrafter
+    from app.engine.sampling import SamplingParams
+
+    cheap = SyntheticCosts(base=0.1, slope=0.02, draft=0.02)
+    auto = AutoDrafter(FixedDraft(Source.MODEL), LookupDrafter(), n_max=6, costs=cheap)  # type: ignore[arg-type]
+    for c in range(len(MODEL_CLASSES)):  # known to be poor: the estimate plans no draft
+        auto.evidence.predicted[Source.MODEL][c] = Acceptance(6, prior=0.3, weight=1e6)
+    text = [1, 2, 3, 4, 5, 6]
+
+    def round_(accepted_all: bool) -> Proposal:
+        prop = auto.propose(text, 6, SamplingParams(), None)
+        if prop.tokens:
+            n = len(prop.tokens)
+            auto.observe(prop, Outcome(Source.MODEL, n, n if accepted_all else 0, n + 1, 0.1, 0.12))
+        return prop
+
+    auto.begin(text)
+    first = round_(True)
+    assert first.tokens and first.decision.action is Action.DRAFT and first.decision.source is Source.MODEL
+    assert round_(False).tokens  # right in full so far: tried again (and this one is wrong)
+    assert not round_(True).tokens  # the try is over: the estimate rules
+    auto.begin(text)  # a new reply tries again
+    assert round_(True).tokens

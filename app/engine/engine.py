@@ -26,6 +26,7 @@ from app.engine.llama import (
 from app.engine.loading import (
     WARM_UP_BATCHES,
     history_keeper,
+    is_eagle3,
     load_model,
     model_info,
     model_path,
@@ -87,6 +88,7 @@ class Engine:
                 raise IncompatibleDraftError(
                     f"the draft model cannot be used with this target: {self.compatibility.reason}"
                 )
+        head = draft_path is not None and is_eagle3(draft_path)  # an EAGLE-3 head, not a draft model
         self.plan = plan_for(settings, target_path, draft_path)
         self._keeper = history_keeper(settings.history_dir, target_path)
         self.draft: Model | None = None
@@ -114,6 +116,7 @@ class Engine:
                     self._target_ctx.n_ctx,
                     progress,
                     retry=False,
+                    context=not head,
                 )
             self._cache = TargetCache(self._target_ctx)
             self.memory = probe_rollback(self._target_ctx)
@@ -123,7 +126,15 @@ class Engine:
             raise
         self.draft_memory = draft_memory
         usable = draft_memory is not None and draft_memory.rollback is not Rollback.NONE
-        self._model_drafter = ModelDrafter(self._draft_ctx) if self._draft_ctx and usable else None
+        self._model_drafter: Drafter | None = (
+            ModelDrafter(self._draft_ctx) if self._draft_ctx and usable else None
+        )
+        self._eagle = None  # an EAGLE-3 head's drafter, in the draft model's place
+        if head and self.draft is not None:  # the head reads the target's layers from its next batch on
+            from app.engine.drafting.eagle3 import Eagle3Drafter
+
+            self._eagle = Eagle3Drafter(self._target_ctx, self.draft, n_threads=settings.n_threads)
+            self._model_drafter = self._eagle
         if self._keeper is not None:  # a copy from the history ends before a turn marker, as lookup's
             self._keeper.drafter.stops = self.target.control_tokens
         # auto mode's cost measurements belong to this loaded pair on this machine: keep them
@@ -257,7 +268,7 @@ class Engine:
                     LookupDrafter(stops=self.target.control_tokens),
                     history=self._keeper.drafter if self._keeper is not None else None,
                     # the target's own MTP head, where it has one (one instance for every mode)
-                    mtp=self._mtp(gs) if self.target.n_layer_nextn > 0 else None,  # type: ignore[arg-type]
+                    mtp=self._mtp(gs) if self.target.n_layer_nextn > 0 and not self._eagle else None,  # type: ignore[arg-type]
                     n_max=gs.n_max,
                     costs=self.costs,
                 )
@@ -278,6 +289,8 @@ class Engine:
             raise EngineError(
                 "mode 'mtp' needs a model with multi-token-prediction layers; this one has none"
             )
+        if self._eagle is not None:
+            raise EngineError("mode 'mtp' is not available while an EAGLE-3 head drafts for this model")
         if self._mtp_drafter is None:
             from app.engine.drafting.mtp import MtpDrafter
 
@@ -405,6 +418,7 @@ class Engine:
             keeper.close()
         for obj in (
             getattr(self, "_mtp_drafter", None),
+            getattr(self, "_eagle", None),
             getattr(self, "_draft_ctx", None),
             getattr(self, "draft", None),
             getattr(self, "_target_ctx", None),

@@ -47,6 +47,7 @@ class Source(str, Enum):
     LOOKUP = "lookup"  # prompt lookup: a copy of earlier text
     HISTORY = "history"  # a copy from the user's earlier conversations
     MTP = "mtp"  # the target's own multi-token-prediction head
+    EAGLE3 = "eagle3"  # an EAGLE-3 head trained for the target
 
 
 class Action(str, Enum):

@@ -41,6 +41,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("tandem.engine")
 
 
+def is_eagle3(path: Path) -> bool:
+    """Whether a draft file is an EAGLE-3 head (its header says so)."""
+    from app.gguf.drafts import DraftKind, draft_facts
+
+    try:
+        return draft_facts(read_metadata_file(path)).kind is DraftKind.EAGLE3
+    except (GGUFError, OSError):
+        return False
+
+
 def plan_for(settings: LoadSettings, target: Path, draft: Path | None) -> OffloadPlan:
     """Where the layers go: an explicit count as asked; "auto" from the GGUF headers and the free
     memory of a real GPU (nothing on a CPU-only build, without a GPU or on a software renderer;
@@ -86,14 +96,18 @@ def load_model(
     progress: Callable[[str, float], None] | None,
     *,
     retry: bool,
-) -> tuple[Model, Context]:
+    context: bool = True,
+) -> tuple[Model, Context | None]:
     """Load one model and its context with ``layers`` on the GPU; with ``retry`` (an automatic
-    plan), with fewer layers each time the GPU runs out of memory."""
+    plan), with fewer layers each time the GPU runs out of memory. Without ``context`` (an EAGLE-3
+    head: its drafter makes its context, bound to the target's), the model alone."""
 
-    def load(n: int) -> tuple[Model, Context]:
+    def load(n: int) -> tuple[Model, Context | None]:
         report = (lambda f: progress(stage, f)) if progress else None
         mtp = stage == "target"  # its multi-token-prediction heads, where the file has them
         model = Model(path, n_gpu_layers=n, progress=report, gpus=gpus, load_mtp=mtp)
+        if not context:
+            return model, None
         try:
             return model, new_context(settings, model, n_ctx, draft=stage == "draft")
         except BaseException:

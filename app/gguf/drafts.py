@@ -91,7 +91,7 @@ def head_fits(target: GGUFMetadata, head: GGUFMetadata) -> tuple[bool, str]:
             )
         if len(facts.target_layers) != 3:
             return False, f"an EAGLE-3 head reads 3 target layers; this one names {len(facts.target_layers)}"
-        if trunk and max(facts.target_layers) >= trunk:
+        if trunk and max(facts.target_layers) > trunk:  # layer ``trunk``: the output of the last
             return (
                 False,
                 f"the EAGLE-3 head reads layer {max(facts.target_layers)}, the target has {trunk} layers",

@@ -99,7 +99,10 @@ class AutoDrafter:
             "optimistic": optimistic,
             "target_conf": self.target_confidence,
         }
-        self.rounds = ModelRounds(model, self.costs, self.evidence, **planning) if model is not None else None
+        source = getattr(model, "source", Source.MODEL)  # the draft model, or an EAGLE-3 head in its place
+        self.rounds = None
+        if model is not None:
+            self.rounds = ModelRounds(model, self.costs, self.evidence, source=source, **planning)
         # the MTP head's step has its own cost; the target's verify costs are shared
         self.mtp_costs = DraftCosts(self.costs) if isinstance(self.costs, MeasuredCosts) else self.costs
         self.mtp_rounds = (

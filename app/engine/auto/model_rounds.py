@@ -75,6 +75,10 @@ class ModelRounds:
         self._probe_interval = probe_every
         self.since = 0  # rounds since the model last drafted
         self.probing = False
+        # A reply tries the draft in its first rounds where the estimate alone would not (see
+        # :meth:`_hopeful`): while every draft so far was accepted in full, and then while what its
+        # rounds delivered beats plain rounds.
+        self.trying = False
         # A probe makes the draft catch up with everything it has not seen. It is worth it only when
         # drafting could pay at all (even at an ``optimistic`` acceptance rate), and when the catch-up
         # costs less than what finding out could gain over the rest of this reply, discounted by the
@@ -98,6 +102,7 @@ class ModelRounds:
         self._runs.clear()
         self.evidence.forget_realized((self.source,))
         self._probe_interval = self.probe_every
+        self.trying = True
 
     def in_play(self) -> bool:
         """The draft could pay on this machine at a plausible acceptance: the best its classes have
@@ -166,8 +171,16 @@ class ModelRounds:
                 expected_speedup=plan.rate / plan.plain_rate,
                 measured_speedup=self.evidence.measured(self.kind()),
             )
-            if plan.k > 0 and self.evidence.losing(self.kind()):
+            losing = self.evidence.losing(self.kind())
+            if plan.k > 0 and losing:
                 plan = Plan(0, plan.rate, plan.plain_rate)
+            elif plan.k == 0 and not losing and self._hopeful():
+                hope = best_length(
+                    self._probe_optimism(), self.costs, d, limit, self.margin, catch_up, self.overrun()
+                )
+                if hope.k:  # on hope: the estimate alone would not draft
+                    plan = hope
+                    decision = replace(decision, expected_speedup=hope.rate / hope.plain_rate)
             if plan.k == 0:
                 if not self.probe_due(tokens, d, limit, rest):
                     return Action.PAUSED
@@ -256,6 +269,16 @@ class ModelRounds:
         hope = min(self._optimistic.prior, hope + (1.0 - hope) * PROBE_HOPE)
         return Acceptance(self.n_max, prior=hope, weight=1e12)
 
+    def _hopeful(self) -> bool:
+        """Whether to draft on hope where the estimate says no: early in a reply, while each draft the
+        reply has tried was accepted in full (a reply where the draft is right, such as arithmetic or
+        a list of records, shows it in a round or two; one where it is wrong costs one round), and
+        afterwards while the rounds of this kind delivered more than plain rounds did."""
+        if self.trying:
+            return True
+        measured = self.evidence.measured(self.kind())
+        return measured is not None and measured > 1.0 + self.margin
+
     def probe_due(self, tokens: Sequence[int], draft_cost: float, limit: int, rest: int) -> bool:
         """A probe is worth its price: the catch-up, and what its own round is expected to lose
         against a plain step at the acceptance this class has shown (a probe drafts ``PROBE_K``
@@ -287,6 +310,8 @@ class ModelRounds:
         d, v = self.costs.draft_step(), self.costs.verify(outcome.batch)
         if proposal.tokens and d and v:  # a probe too: it re-times what paused the draft
             self.overrun_window.add(seconds / (outcome.n_drafted * d + v + charged))
+        if proposal.tokens and not self.probing:  # a try goes on only while the draft is right in full
+            self.trying = self.trying and outcome.n_accepted >= outcome.n_drafted
         if proposal.n_steps:
             self.costs.observe_draft(proposal.n_steps, proposal.t_steps)
         if proposal.n_sync > 2:

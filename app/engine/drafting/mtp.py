@@ -44,23 +44,47 @@ class MtpDrafter:
     """Drafts with the target's multi-token-prediction head, chained from the target's hidden state."""
 
     name = "mtp"
+    source = Source.MTP
+    shift = 0  # the head holds the pair of token p at position p - shift (the first ``shift``: none)
     wants_target_confidence = 0
     target_confidence_floor = 0.0
 
-    def __init__(self, target: Context, *, p_min: float = 0.0, n_threads: int | None = None):
+    def __init__(
+        self,
+        target: Context,
+        *,
+        p_min: float = 0.0,
+        n_threads: int | None = None,
+        head: MtpContext | None = None,
+        width: int | None = None,
+    ):
+        """``head``: another head's context (an EAGLE-3 head's); ``width``: the width of what is kept
+        of the target per position (the hidden state's by default)."""
         self.target = target
-        self.mtp = MtpContext(target, n_batch=target.n_batch, n_threads=n_threads)
+        self.mtp = head or MtpContext(target, n_batch=target.n_batch, n_threads=n_threads)
         self.p_min = p_min
         self.held: list[int] = []  # the tokens whose pairs the head's memory holds, position by position
-        # the target's hidden state after each position it holds (float16: half the memory; the head
-        # normalises it first) and the token there; positions from ``_n`` on are unknown
-        self._h = np.zeros((0, self.mtp.n_embd), dtype=np.float16)
+        # what the target gave at each position it holds (its hidden state; float16: half the memory,
+        # the head normalises it first) and the token there; positions from ``_n`` on are unknown
+        self._h = np.zeros((0, width or self.mtp.n_embd), dtype=np.float16)
         self._tok = np.zeros(0, dtype=np.int64)
         self._n = 0
         self.unpaired = 0  # positions paired with zeros, their hidden state unknown (for tests, reports)
         self.chain = self.mtp.n_heads > 1  # several heads, one per draft position
-        output_hidden(target)
+        self._capture()
         target.on_decode = self._seen
+
+    def _capture(self) -> None:
+        """Make the target output what the head reads of it."""
+        output_hidden(self.target)
+
+    def _rows(self, n: int) -> np.ndarray:
+        """What the head reads of the target's last batch of ``n`` tokens, a row per token."""
+        return hidden_rows(self.target, n, self.mtp.n_embd)
+
+    def _inputs(self, rows: np.ndarray) -> np.ndarray:
+        """The head's inputs paired with tokens, from the kept rows (the hidden states themselves)."""
+        return rows
 
     # -- the target's hidden states -----------------------------------------------------------------
     def _seen(self, tokens: Sequence[int], pos0: int) -> None:
@@ -68,16 +92,16 @@ class MtpDrafter:
         end = pos0 + len(tokens)
         if end > len(self._tok):  # grow by doubling (at most the context's size)
             cap = min(max(end, 2 * len(self._tok), 256), max(end, self.target.n_ctx))
-            self._h = np.resize(self._h, (cap, self.mtp.n_embd))
+            self._h = np.resize(self._h, (cap, self._h.shape[1]))
             self._tok = np.resize(self._tok, cap)
         self._tok[self._n : pos0] = -1  # skipped positions: unknown
-        self._h[pos0:end] = hidden_rows(self.target, len(tokens), self.mtp.n_embd)
+        self._h[pos0:end] = self._rows(len(tokens))
         self._tok[pos0:end] = tokens
         self._n = end
 
     def _hidden(self, tokens: Sequence[int], positions: range) -> np.ndarray:
         """The target's hidden state after each of ``positions`` of ``tokens`` (zeros where unknown)."""
-        out = np.zeros((len(positions), self.mtp.n_embd), dtype=np.float32)
+        out = np.zeros((len(positions), self._h.shape[1]), dtype=np.float32)
         lo, hi = max(0, positions.start), min(positions.stop, self._n)
         if hi > lo:
             ok = self._tok[lo:hi] == np.asarray(tokens[lo:hi])
@@ -90,20 +114,24 @@ class MtpDrafter:
         """Hold the pairs of ``tokens[:n]``: cut the head's memory to the prefix it shares with them
         and evaluate the rest; returns how many it evaluated."""
         keep = common_prefix(self.held, tokens[:n])
-        self.mtp.remove(keep)  # also the positions the last draft chained
+        shift = self.shift
+        self.mtp.remove(max(0, keep - shift))  # also the positions the last draft chained
         del self.held[keep:]
+        if keep < shift:  # the first tokens are paired with nothing
+            self.held.extend(tokens[keep:shift])
+            keep = shift
         if keep == n and not logits:
             return 0
         if keep == n:  # the last pair again, for its logits
             keep = n - 1
-            self.mtp.remove(keep)
+            self.mtp.remove(keep - shift)
             del self.held[keep:]
-        hidden = self._hidden(tokens, range(keep - 1, n - 1))
+        hidden = self._inputs(self._hidden(tokens, range(keep - 1, n - 1)))
         for head in reversed(range(self.mtp.n_heads if self.chain else 1)):  # each head's layer
             if self.chain:
                 self.mtp.head(head)
                 self.mtp.remove(keep)
-            self.mtp.decode(tokens[keep:n], keep, hidden, logits=logits and head == 0)
+            self.mtp.decode(tokens[keep:n], keep - shift, hidden, logits=logits and head == 0)
         self.held.extend(tokens[keep:n])
         return n - keep
 
@@ -134,7 +162,7 @@ class MtpDrafter:
         Greedy: the head's argmax (a point mass); sampling: drawn from the head's distribution under
         the same settings, which verification gets as ``q`` (exact rejection sampling). With
         ``keep_going`` (auto mode), the draft stops where it says a longer one no longer pays."""
-        if k <= 0 or len(tokens) < 2:
+        if k <= 0 or len(tokens) < 2 + self.shift:
             return EMPTY
         t0 = time.perf_counter()
         n = len(tokens)
@@ -148,7 +176,7 @@ class MtpDrafter:
         conf: list[float] = []
         history = list(tokens)
         walk = grammar.fork() if grammar is not None else None
-        chained = [self._hidden(tokens, range(n - 2, n - 1))[0]]  # the pending token's pair, chained on
+        chained = [self._hidden(tokens, range(n - 2, n - 1))[0]] if self.chain else []  # chained on
         for j in range(k):
             drawn = draft_token(self.mtp.logits(), history, params, rng, walk, self.p_min)
             if drawn is None:
@@ -169,7 +197,7 @@ class MtpDrafter:
                 self.mtp.head(j + 1)
                 self.mtp.decode([tokens[-1], *ids], n - 1, np.stack(chained))
             else:  # the head's own hidden state chains: the pair (h', token) at the next position
-                self.mtp.decode([tok], n + j, self.mtp.hidden()[None, :])
+                self.mtp.decode([tok], n + j - self.shift, self.mtp.hidden()[None, :])
             t_steps += time.perf_counter() - t1
             n_steps += 1
         if self.chain:
@@ -179,7 +207,7 @@ class MtpDrafter:
             tuple(ids),
             tuple(qs),
             tuple(conf),
-            Source.MTP,
+            self.source,
             dt,
             t_sync + t_steps,
             n_steps,

@@ -23,9 +23,10 @@ SOURCE_NAMES = {
     Source.LOOKUP: "prompt lookup",
     Source.HISTORY: "your earlier conversations",
     Source.MTP: "the model's own MTP head",
+    Source.EAGLE3: "the EAGLE-3 head",
     Source.NONE: "nothing",
 }
-PREDICTOR_NAMES = {Source.MODEL: "draft model", Source.MTP: "MTP head"}
+PREDICTOR_NAMES = {Source.MODEL: "draft model", Source.MTP: "MTP head", Source.EAGLE3: "EAGLE-3 head"}
 COPY_NAMES = {Source.LOOKUP: "prompt lookup", Source.HISTORY: "history"}
 # a reply's mode and why it ended, in a message's footer
 MODE_NAMES = {
