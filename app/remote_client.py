@@ -338,6 +338,7 @@ class RemoteStream(Iterator[Started | Step | Finished]):
         t_prompt = float(t["prompt_ms"]) / 1000 if t.get("prompt_ms") else ttft
         tps = float(t.get("predicted_per_second") or 0.0) or (n / t_decode if t_decode > 0 else 0.0)
         return Stats(
+            drafted_by=_drafted_by(t.get("draft_sources")),
             mode=Mode.REMOTE,
             n_prompt_tokens=n_prompt,
             n_prompt_cached=cached,
@@ -411,3 +412,25 @@ def describe_error(e: BaseException, name: str, base_url: str) -> str:
     if isinstance(e, openai.APIError):
         return f"{name} reported an error: {detail}."
     return f"{type(e).__name__}: {e}"
+
+
+def _drafted_by(sources: object) -> tuple[tuple[Source, int, int, int], ...]:
+    """A Tandem server's ``timings.draft_sources`` as :attr:`Stats.drafted_by` (what is not one: none)."""
+    if not isinstance(sources, dict):
+        return ()
+    known = {s.value: s for s in Source}
+    out = []
+    for name, v in sources.items():
+        if name in known and isinstance(v, dict):
+            try:
+                out.append(
+                    (
+                        known[name],
+                        int(v.get("rounds", 0)),
+                        int(v.get("draft_n", 0)),
+                        int(v.get("draft_n_accepted", 0)),
+                    )
+                )
+            except (TypeError, ValueError):
+                continue
+    return tuple(out)

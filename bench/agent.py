@@ -145,6 +145,8 @@ class Reply:
     prompt_n: int  # prompt tokens evaluated (not reused from the cache)
     prompt_s: float
     wall_s: float  # the request as the agent waits for it
+    # per source that drafted: its rounds, drafted and accepted tokens (the server's draft_sources)
+    sources: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def said(self) -> tuple[str, list[tuple[str, str]]]:
@@ -186,6 +188,7 @@ def ask(
         prompt_n=timings.get("prompt_n", 0),
         prompt_s=timings.get("prompt_ms", 0.0) / 1000,
         wall_s=wall,
+        sources=timings.get("draft_sources") or {},
     )
 
 

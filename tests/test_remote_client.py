@@ -85,6 +85,7 @@ def test_a_reply_streams_as_engine_events_with_the_servers_figures(srv, engine_c
     assert s.n_drafted > 0 and 0 <= s.n_accepted <= s.n_drafted, "draft counts from the timings"
     assert s.acceptance_rate == pytest.approx(s.n_accepted / s.n_drafted)
     assert s.decode_tokens_per_second > 0 and s.ttft_s > 0 and s.t_decode_s > 0
+    assert sum(n for _, _, n, _ in s.drafted_by) == s.n_drafted, "which source drafted, from the timings"
 
 
 def test_cancel_ends_the_stream_at_once_and_frees_the_server(srv) -> None:

@@ -19,6 +19,7 @@ import pytest
 import uvicorn
 
 from app.engine import EngineClient, LoadSettings
+from app.engine.events import Source
 from app.server.api import allowed_hosts, create_app
 from app.server.cli import check_exposure
 from app.server.connections import uvicorn_config
@@ -127,6 +128,11 @@ def test_chat_equals_tandem_generate_and_carries_usage_and_timings(srv, tiny_pai
         timings["predicted_n"] == r.usage.completion_tokens
         and timings["draft_n_accepted"] <= timings["draft_n"]
     )
+    # which source drafted, as data: the per-source counts add up to the totals
+    sources = timings["draft_sources"]
+    assert timings["draft_n"] > 0 and set(sources) <= {s.value for s in Source}
+    assert sum(v["draft_n"] for v in sources.values()) == timings["draft_n"]
+    assert sum(v["draft_n_accepted"] for v in sources.values()) == timings["draft_n_accepted"]
     cli = subprocess.run(
         [sys.executable, "-m", "app", "generate", "--target", str(tiny_pair.target),
          "--draft", str(tiny_pair.draft), "--mode", "speculative", "--chat", "--prompt", PROMPT,

@@ -163,6 +163,8 @@ class Stats:
     python_share: float  # share of decode wall time not spent inside llama_decode
     # why a reply asked to draft decoded plainly throughout (Action.NO_ROLLBACK), else None
     drafting_off: Action | None = None
+    # per source that drafted: (source, rounds, tokens drafted, tokens accepted), in order of first use
+    drafted_by: tuple[tuple[Source, int, int, int], ...] = ()
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -209,6 +211,12 @@ class StatsBuilder:
                 if i < s.n_accepted:
                     passed[i] += 1
         t_llama = sum(s.t_llama for s in steps)
+        by: dict[Source, list[int]] = {}
+        for s in drafted_rounds:
+            counts = by.setdefault(s.drafter, [0, 0, 0])
+            counts[0] += 1
+            counts[1] += s.n_drafted
+            counts[2] += s.n_accepted
         return Stats(
             mode=self.mode,
             n_prompt_tokens=self.n_prompt_tokens,
@@ -235,6 +243,7 @@ class StatsBuilder:
             drafting_off=Action.NO_ROLLBACK
             if steps and all(s.decision.action is Action.NO_ROLLBACK for s in steps)
             else None,
+            drafted_by=tuple((src, *counts) for src, counts in by.items()),  # type: ignore[misc]
         )
 
 

@@ -41,9 +41,10 @@ def usage(stats: Stats) -> dict[str, int]:
 DRAFTING_OFF = {"no_rollback": "the model's memory cannot undo a rejected draft: plain decoding"}
 
 
-def timings(stats: Stats) -> dict[str, float | int | str]:
+def timings(stats: Stats) -> dict[str, Any]:
     """Named as llama.cpp's server names them, so tools that read its statistics read ours (plus
-    ``drafting_off``, where a reply could not draft at all)."""
+    ``draft_sources``, the drafted and accepted tokens per source, and ``drafting_off``, where a reply
+    could not draft at all)."""
     prompt_n = max(0, stats.n_prompt_tokens - stats.n_prompt_cached)
     prompt_ms = stats.t_prompt_s * 1000
     predicted_ms = stats.t_decode_s * 1000
@@ -60,6 +61,11 @@ def timings(stats: Stats) -> dict[str, float | int | str]:
         "predicted_per_second": n / stats.t_decode_s if stats.t_decode_s > 0 else 0.0,
         "draft_n": stats.n_drafted,
         "draft_n_accepted": stats.n_accepted,
+        # which sources drafted (prompt lookup, the history, the draft model, the MTP head, ...)
+        "draft_sources": {
+            src.value: {"rounds": rounds, "draft_n": n, "draft_n_accepted": acc}
+            for src, rounds, n, acc in stats.drafted_by
+        },
     } | ({"drafting_off": DRAFTING_OFF[stats.drafting_off.value]} if stats.drafting_off else {})
 
 
