@@ -21,7 +21,7 @@ from typing import Literal
 import numpy as np
 from gguf import GGUFWriter, LlamaFileType
 
-from app.tiny_gguf import PRE_TOKENIZER, build_tokenizer
+from app.tiny_gguf import add_tokenizer, build_tokenizer
 
 
 def write_tiny_eagle3(
@@ -85,14 +85,7 @@ def write_tiny_eagle3(
     writer.add_rope_freq_base(10000.0)
     writer.add_array("eagle3.target_layers", [int(x) for x in target_layers])
     writer.add_uint32("eagle3.target_hidden_size", tw)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(PRE_TOKENIZER)
-    writer.add_token_list(list(tok.tokens))
-    writer.add_token_types(list(tok.types))
-    writer.add_token_merges(list(tok.merges))
-    writer.add_bos_token_id(tok.bos_id)
-    writer.add_eos_token_id(tok.eos_id)
-    writer.add_add_bos_token(False)
+    add_tokenizer(writer, tok)
     for key, w in weights.items():
         writer.add_tensor(key, w)
     writer.write_header_to_file()

@@ -311,6 +311,20 @@ def _weights(
     return w
 
 
+def add_tokenizer(writer: GGUFWriter, tok: TinyTokenizer) -> None:
+    """Write ``tok`` as a GGUF's tokenizer (GPT-2 BPE with Qwen2's pre-tokenizer, no BOS added)."""
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(PRE_TOKENIZER)
+    writer.add_token_list(list(tok.tokens))
+    writer.add_token_types(list(tok.types))
+    writer.add_token_merges(list(tok.merges))
+    writer.add_bos_token_id(tok.bos_id)
+    writer.add_eos_token_id(tok.eos_id)
+    writer.add_eot_token_id(tok.eos_id)
+    writer.add_pad_token_id(tok.bos_id)
+    writer.add_add_bos_token(False)
+
+
 def write_tiny_llama(
     path: str | Path,
     *,
@@ -377,16 +391,7 @@ def write_tiny_llama(
     writer.add_rope_dimension_count(n_embd // n_head)
     writer.add_rope_freq_base(10000.0)
 
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(PRE_TOKENIZER)
-    writer.add_token_list(list(tok.tokens))
-    writer.add_token_types(list(tok.types))
-    writer.add_token_merges(list(tok.merges))
-    writer.add_bos_token_id(tok.bos_id)
-    writer.add_eos_token_id(tok.eos_id)
-    writer.add_eot_token_id(tok.eos_id)
-    writer.add_pad_token_id(tok.bos_id)
-    writer.add_add_bos_token(False)
+    add_tokenizer(writer, tok)
     if chat_template is not None:
         writer.add_chat_template(chat_template)
 

@@ -6,14 +6,13 @@ from collections import Counter
 from pathlib import Path
 from typing import NamedTuple
 
-import numpy as np
 import pytest
+from sampled_law import assert_same_first_tokens_law
 
 from app.engine.engine import Engine
 from app.engine.errors import IncompatibleDraftError
 from app.engine.events import Source, Step
 from app.engine.llama_mtp import EAGLE3_CALLS
-from app.engine.sampling import SamplingParams
 from app.engine.settings import GenerationSettings, LoadSettings
 from app.gguf import compat
 from app.gguf.drafts import DraftKind, draft_facts
@@ -102,23 +101,7 @@ def test_greedy_output_with_the_head_equals_plain_in_every_mode(engine: Engine) 
 def test_sampled_output_with_the_head_follows_plain_sampling(engine: Engine) -> None:
     """At temperature 1 the joint law of the first three tokens is the same with and without the head
     (its draft is a draw from its own distribution, which verification gets: exact rejection sampling)."""
-    prompt = engine.tokenize(PROMPTS[2])
-    counts = {}
-    for mode in ("plain", "speculative"):
-        c: Counter = Counter()
-        for i in range(300):
-            sp = SamplingParams(seed=i, temperature=1.0, top_k=3)
-            c[
-                engine.run(prompt, _settings(mode, sampling=sp, max_tokens=3, n_max=3, adaptive=False)).tokens
-            ] += 1
-        counts[mode] = c
-    keys = sorted(set(counts["plain"]) | set(counts["speculative"]))
-    a = np.array([counts["plain"][k] for k in keys], dtype=float)
-    b = np.array([counts["speculative"][k] for k in keys], dtype=float)
-    mask = (a + b) >= 10
-    stat = (((a - b) ** 2) / (a + b))[mask].sum()
-    dof = max(1, int(mask.sum()) - 1)
-    assert stat < 3 * dof + 15, f"chi2={stat:.1f} dof={dof}\n{counts}"
+    assert_same_first_tokens_law(engine, engine.tokenize(PROMPTS[2]), "speculative")
 
 
 def _rounds(events) -> list[tuple[int, int, tuple[int, ...]]]:

@@ -10,15 +10,14 @@ from collections import Counter
 from pathlib import Path
 
 import llama_cpp
-import numpy as np
 import pytest
 from llama_cpp import llama_cpp_ext
+from sampled_law import assert_same_first_tokens_law
 
 from app.engine.engine import Engine
 from app.engine.errors import EngineError
 from app.engine.events import Finished, Source, Step
 from app.engine.llama_mtp import PARAMS, SYMBOLS
-from app.engine.sampling import SamplingParams
 from app.engine.settings import Constraint, GenerationSettings, LoadSettings
 from app.tiny_arch import write_tiny_model
 
@@ -106,22 +105,7 @@ def test_auto_mode_measures_and_drafts_with_the_head_and_equals_plain(engine: En
 
 def test_sampled_mtp_output_follows_plain_sampling(engine: Engine) -> None:
     """At temperature 1 the joint law of the first three tokens is the same with and without the head."""
-    prompt = engine.tokenize(PROMPTS[2])
-    counts = {}
-    for mode in ("plain", "mtp"):
-        c: Counter = Counter()
-        for i in range(300):
-            sp = SamplingParams(seed=i, temperature=1.0, top_k=3)
-            gs = GenerationSettings(mode=mode, sampling=sp, max_tokens=3, n_max=3, adaptive=False)
-            c[engine.run(prompt, gs).tokens] += 1
-        counts[mode] = c
-    keys = sorted(set(counts["plain"]) | set(counts["mtp"]))
-    a = np.array([counts["plain"][k] for k in keys], dtype=float)
-    b = np.array([counts["mtp"][k] for k in keys], dtype=float)
-    mask = (a + b) >= 10
-    stat = (((a - b) ** 2) / (a + b))[mask].sum()
-    dof = max(1, int(mask.sum()) - 1)
-    assert stat < 3 * dof + 15, f"chi2={stat:.1f} dof={dof}\nplain={counts['plain']}\nmtp={counts['mtp']}"
+    assert_same_first_tokens_law(engine, engine.tokenize(PROMPTS[2]), "mtp")
 
 
 def _rounds(events) -> list[tuple[int, int, tuple[int, ...]]]:

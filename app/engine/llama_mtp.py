@@ -72,6 +72,20 @@ def hidden_rows(ctx: Context, n: int, n_embd: int) -> np.ndarray:
     return np.ctypeslib.as_array(ptr, shape=(n, n_embd)).copy()
 
 
+def _bound_params(target: Context, n_batch: int, n_threads: int | None) -> object:
+    """Context parameters for a head bound to ``target``'s context (``ctx_other``, as llama.cpp's own
+    driver sets it): the target's context size, one sequence."""
+    params = llama_cpp.llama_context_default_params()
+    params.ctx_other = target._handle
+    params.n_ctx = target.n_ctx
+    params.n_batch = int(n_batch)
+    params.n_ubatch = min(int(n_batch), 512)
+    params.n_seq_max = 1
+    params.n_threads = params.n_threads_batch = n_threads or target.n_threads
+    params.no_perf = True
+    return params
+
+
 class MtpContext:
     """A ``LLAMA_CONTEXT_TYPE_MTP`` context on the target's model (loaded with ``load_mtp``): the MTP
     heads' own attention cache, one sequence. Each entry of a batch is a token with a hidden state."""
@@ -80,15 +94,8 @@ class MtpContext:
         model = target.model
         if model.n_layer_nextn <= 0:
             raise LlamaError(f"{model.path.name} has no multi-token-prediction layers loaded")
-        params = llama_cpp.llama_context_default_params()
+        params = _bound_params(target, n_batch, n_threads)
         params.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
-        params.ctx_other = target._handle  # as llama.cpp's own driver sets it
-        params.n_ctx = target.n_ctx
-        params.n_batch = int(n_batch)
-        params.n_ubatch = min(int(n_batch), 512)
-        params.n_seq_max = 1
-        params.n_threads = params.n_threads_batch = n_threads or target.n_threads
-        params.no_perf = True
         handle = llama_cpp.llama_init_from_model(model._handle, params)
         if not handle:
             raise LlamaError(
@@ -274,14 +281,7 @@ class Eagle3Context(MtpContext):
     (:meth:`MtpContext.decode`), one sequence."""
 
     def __init__(self, target: Context, head: Model, *, n_batch: int = 512, n_threads: int | None = None):
-        params = llama_cpp.llama_context_default_params()
-        params.ctx_other = target._handle  # the target's token embeddings (and output layer) if it has none
-        params.n_ctx = target.n_ctx
-        params.n_batch = int(n_batch)
-        params.n_ubatch = min(int(n_batch), 512)
-        params.n_seq_max = 1
-        params.n_threads = params.n_threads_batch = n_threads or target.n_threads
-        params.no_perf = True
+        params = _bound_params(target, n_batch, n_threads)  # the target's embeddings, if it has none
         handle = llama_cpp.llama_init_from_model(head._handle, params)
         if not handle:
             raise LlamaError(f"could not create a context for {head.path.name}: {'; '.join(recent_log(5))}")
