@@ -101,6 +101,38 @@ def test_measured_costs_follow_a_machine_that_slows_down() -> None:
     assert costs.draft_step() == pytest.approx(0.075)
 
 
+def test_measured_costs_recover_from_steps_timed_beside_another_program() -> None:
+    """Steps timed while another program loaded beside this one (tens of times slower) must not
+    make every batch look cheaper than one step: a batch timed faster than every recent step drops
+    those steps until one is timed again, and a batch costs at least one step."""
+    costs = MeasuredCosts()
+    for _ in range(9):  # steps on a busy machine
+        costs.observe_verify(1, 4.0)
+    for b, t in ((2, 0.15), (16, 0.49), (64, 1.44)):  # batches once it was quiet
+        costs.observe_verify(b, t)
+    assert costs.verify(1) is None  # the step is timed again (auto mode's next round is plain)
+    costs.observe_verify(1, 0.1)
+    assert costs.verify(1) == pytest.approx(0.1)
+    assert [costs.ratio(b) for b in (2, 16, 64)] == pytest.approx([1.5, 4.9, 14.4])
+    costs.restore({"ratios": {"3": 0.106, "32": 0.2}})  # figures saved by a session that had it wrong
+    assert costs.ratio(3) >= 1.0 and costs.ratio(32) >= 1.0
+
+
+def test_load_timings_are_taken_relative_to_the_steps_beside_them() -> None:
+    """Another program stopping while the batch sizes are timed at load (every timing tens of times
+    faster from then on) leaves each batch's cost in steps as it was."""
+    from app.engine.loading import relative_to_neighbours
+
+    busy, quiet = 4.0, 0.1
+    timed = [(1, busy), (2, 1.5 * busy), (4, 1.9 * busy), (1, busy), (1, quiet), (16, 4.9 * quiet)]
+    timed += [(64, 14.4 * quiet), (1, quiet)]
+    costs = MeasuredCosts()
+    for batch, seconds in relative_to_neighbours(timed):
+        costs.observe_verify(batch, seconds)
+    assert [costs.ratio(b) for b in (2, 4, 16, 64)] == pytest.approx([1.5, 1.9, 4.9, 14.4])
+    assert costs.verify(1) == pytest.approx(quiet)  # the step as the machine is now
+
+
 def test_measured_costs_keep_samples_taken_before_the_first_step() -> None:
     costs = MeasuredCosts()
     costs.observe_verify(4, 0.2)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -131,16 +132,36 @@ def load_model(
 WARM_UP_BATCHES = (1, 2, 3, 4, 6, 8, 9, 12, 16, 32, 64)
 
 
+def relative_to_neighbours(timed: list[tuple[int, float]], last: int = 3) -> list[tuple[int, float]]:
+    """Timings in the order taken (batch size, seconds), steps (size 1) between the batches, as the
+    machine is at the end: the ``last`` steps, then each batch's time scaled from the steps timed
+    beside it to those steps' median. Another program starting or stopping beside this one changes
+    every timing tens of times on a small CPU; a batch's cost relative to the steps around it holds."""
+    steps = [(i, dt) for i, (b, dt) in enumerate(timed) if b <= 1]
+    if not steps:
+        return timed
+    now = [dt for _, dt in steps[-last:]]
+    reference = statistics.median(now)
+    out = [(1, dt) for dt in now]
+    for i, (batch, dt) in enumerate(timed):
+        if batch <= 1:
+            continue
+        before = [t for j, t in steps if j < i][-1:]
+        after = [t for j, t in steps if j > i][:1]
+        out.append((batch, dt * reference / statistics.mean(before + after)))
+    return out
+
+
 def warm_up(seq: TargetCache, n_vocab: int, draft_ctx: Context | None, costs: CostModel) -> None:
     """First evaluations allocate buffers and are slow: run them now, and seed auto mode's costs.
 
     One pass is discarded; then each batch size a verification commonly uses is timed (the
     cost does not grow smoothly with the batch: kernels change with its size), with one decode
-    step timed between every two sizes: each size's cost is taken relative to the median of those
-    steps, not to one step a busy machine may have slowed. Logits are computed for every row, as
-    verification does: on a CPU the output layer is a real share of a batch's cost (Qwen2.5
-    1.5B: a batch of 4 costs 1.7x one token with the last row's logits only, 2.1-2.9x with all
-    four).
+    step timed between every two sizes: each size's cost is taken relative to the steps timed beside
+    it (:func:`relative_to_neighbours`), not to one step a busy machine may have slowed. Logits are
+    computed for every row, as verification does: on a CPU the output layer is a real share of a
+    batch's cost (Qwen2.5 1.5B: a batch of 4 costs 1.7x one token with the last row's logits only,
+    2.1-2.9x with all four).
     """
     # varied tokens, as in real text: a mixture of experts routes each token to its own experts,
     # so a batch of one token repeated would read only one token's experts
@@ -162,7 +183,7 @@ def warm_up(seq: TargetCache, n_vocab: int, draft_ctx: Context | None, costs: Co
         seq.reset()
         if i >= 2:
             timed.append((batch, dt))
-    for batch, dt in sorted(timed, key=lambda x: x[0] > 1):  # the steps first, then the batches
+    for batch, dt in relative_to_neighbours(timed):  # the steps first, then the batches
         costs.observe_verify(batch, dt)
     if draft_ctx is not None:
         for i in range(3):

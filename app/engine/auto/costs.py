@@ -37,6 +37,10 @@ class Window:
         self.samples.append(x)
         self._median = None
 
+    def clear(self) -> None:
+        self.samples.clear()
+        self._median = None
+
     @property
     def n(self) -> int:
         return len(self.samples)
@@ -53,12 +57,13 @@ class MeasuredCosts:
 
     A shared machine speeds up and slows down; the cost of a batch *relative to one decode step*
     measured at about the same time depends mostly on the model and the hardware, and moves much
-    less (every drafted round updates it). So
-    one decode step's cost is tracked as the median of recent plain rounds, every other batch size
-    (and the draft's step) as the median of its recent ratios to it, and an estimate is the two
-    multiplied. Unmeasured batch sizes are interpolated between the nearest measured ones; past the
-    largest, its mean slope from one token continues (with only one size measured, a prior slope:
-    the relative cost of each extra batch token, CPU-like by default).
+    less (every drafted round updates it). So one decode step's cost is tracked as the median of
+    recent plain rounds, every other batch size (and the draft's step) as the median of its recent
+    ratios to it, and an estimate is the two multiplied. A batch timed faster than every recent step
+    says those steps were timed on a busier machine: they are dropped and the step is timed again.
+    Unmeasured batch sizes are interpolated between the nearest measured ones; past the largest,
+    its mean slope from one token continues (with only one size measured, a prior slope: the
+    relative cost of each extra batch token, CPU-like by default).
     """
 
     def __init__(self, *, prior_slope: float = 0.35, window: int = 15):
@@ -82,6 +87,11 @@ class MeasuredCosts:
             for b, t in pending:
                 self._add_relative(b, t)
         else:
+            if self._step.n and seconds < min(self._step.samples):
+                # A batch costs at least one step: one faster than every recent step says they were
+                # timed on a busier machine (another program loading beside this one). The step is
+                # timed again (auto mode's next round is plain); this batch is kept until then.
+                self._step.clear()
             self._add_relative(batch, seconds)
 
     def _add_relative(self, batch: int, seconds: float) -> None:
@@ -91,8 +101,10 @@ class MeasuredCosts:
         step = self._step.value
         if batch == 0:
             self._draft.add(seconds / step)
-        else:  # a batch costs at most its tokens' steps one by one: more is a busy machine's noise
-            self._ratio.setdefault(batch, Window(self.window)).add(min(seconds / step, float(batch)))
+        else:  # a batch costs at least one step and at most its tokens' steps one by one
+            self._ratio.setdefault(batch, Window(self.window)).add(
+                min(max(seconds / step, 1.0), float(batch))
+            )
 
     def observe_draft(self, n_tokens: int, seconds: float) -> None:
         if n_tokens > 0:
@@ -156,6 +168,8 @@ class MeasuredCosts:
                 continue
             if not 0.0 < ratio < 1e4 or batch < 0 or batch == 1:
                 continue
+            if batch > 1:  # a batch costs at least one step
+                ratio = max(ratio, 1.0)
             window = self._draft if batch == 0 else self._ratio.setdefault(batch, Window(self.window))
             for _ in range(weight):
                 window.add(ratio)
