@@ -25,8 +25,8 @@ from app.engine.llama import (
 )
 from app.engine.loading import (
     WARM_UP_BATCHES,
+    head_kind,
     history_keeper,
-    is_eagle3,
     load_model,
     model_info,
     model_path,
@@ -47,6 +47,7 @@ from app.engine.settings import MODES, GenerationSettings, LoadSettings
 from app.engine.speculative import TargetCache, generate
 from app.gguf import compat
 from app.gguf.arch import Rollback
+from app.gguf.drafts import DraftKind
 from app.gguf.meta import GGUFError, read_metadata_file
 
 if TYPE_CHECKING:
@@ -88,7 +89,7 @@ class Engine:
                 raise IncompatibleDraftError(
                     f"the draft model cannot be used with this target: {self.compatibility.reason}"
                 )
-        head = draft_path is not None and is_eagle3(draft_path)  # an EAGLE-3 head, not a draft model
+        head = head_kind(draft_path) if draft_path is not None else None  # a head, not a draft model
         self.plan = plan_for(settings, target_path, draft_path)
         self._keeper = history_keeper(settings.history_dir, target_path)
         self.draft: Model | None = None
@@ -116,7 +117,7 @@ class Engine:
                     self._target_ctx.n_ctx,
                     progress,
                     retry=False,
-                    context=not head,
+                    context=head is None,
                 )
             self._cache = TargetCache(self._target_ctx)
             self.memory = probe_rollback(self._target_ctx)
@@ -129,11 +130,13 @@ class Engine:
         self._model_drafter: Drafter | None = (
             ModelDrafter(self._draft_ctx) if self._draft_ctx and usable else None
         )
-        self._eagle = None  # an EAGLE-3 head's drafter, in the draft model's place
-        if head and self.draft is not None:  # the head reads the target's layers from its next batch on
+        self._eagle = None  # an EAGLE-3 head's or a Gemma 4 assistant's drafter, in the draft model's place
+        if head is not None and self.draft is not None:  # it reads the target from its next batch on
             from app.engine.drafting.eagle3 import Eagle3Drafter
+            from app.engine.drafting.gemma4_assistant import AssistantDrafter
 
-            self._eagle = Eagle3Drafter(self._target_ctx, self.draft, n_threads=settings.n_threads)
+            kind = Eagle3Drafter if head is DraftKind.EAGLE3 else AssistantDrafter
+            self._eagle = kind(self._target_ctx, self.draft, n_threads=settings.n_threads)
             self._model_drafter = self._eagle
         if self._keeper is not None:  # a copy from the history ends before a turn marker, as lookup's
             self._keeper.drafter.stops = self.target.control_tokens
@@ -290,7 +293,7 @@ class Engine:
                 "mode 'mtp' needs a model with multi-token-prediction layers; this one has none"
             )
         if self._eagle is not None:
-            raise EngineError("mode 'mtp' is not available while an EAGLE-3 head drafts for this model")
+            raise EngineError("mode 'mtp' is not available while a head given as the draft is loaded")
         if self._mtp_drafter is None:
             from app.engine.drafting.mtp import MtpDrafter
 

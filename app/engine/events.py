@@ -48,6 +48,7 @@ class Source(str, Enum):
     HISTORY = "history"  # a copy from the user's earlier conversations
     MTP = "mtp"  # the target's own multi-token-prediction head
     EAGLE3 = "eagle3"  # an EAGLE-3 head trained for the target
+    ASSISTANT = "assistant"  # Gemma 4's assistant model, drafting from the target's cache
 
 
 class Action(str, Enum):

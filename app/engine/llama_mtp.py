@@ -326,3 +326,39 @@ class Eagle3Context(MtpContext):
                 raise LlamaError("no output from the EAGLE-3 encoder")
             out[start:stop] = np.ctypeslib.as_array(ptr, shape=(stop - start, self.n_embd))
         return out
+
+
+# -- Gemma 4's assistant ---------------------------------------------------------------------------------
+
+
+class AssistantContext(MtpContext):
+    """A Gemma 4 assistant's context, bound to its target's (``ctx_other``, which llama.cpp requires):
+    its memory is the target's KV cache (its layers attend over the target's last sliding and last global
+    layer), so it holds nothing of its own; a decode evaluates (token, the target's hidden state) pairs
+    and writes no cell. Removing positions is a no-op there, and clearing is refused: it would clear the
+    target's cells."""
+
+    def __init__(self, target: Context, head: Model, *, n_batch: int = 512, n_threads: int | None = None):
+        params = _bound_params(target, n_batch, n_threads)
+        handle = llama_cpp.llama_init_from_model(head._handle, params)
+        if not handle:
+            raise LlamaError(f"could not create a context for {head.path.name}: {'; '.join(recent_log(5))}")
+        if llama_cpp_ext.llama_get_ctx_other(handle) != target._handle:
+            llama_cpp.llama_free(handle)
+            raise LlamaError(f"{head.path.name}'s context is not bound to its target's")
+        self._handle = handle
+        self._mem = llama_cpp.llama_get_memory(handle)
+        self.n_heads = 1  # its blocks run in one graph
+        self.n_embd = head.n_embd_out  # the target's width: its hidden state in, the next one out
+        self.n_vocab = target.model.n_vocab
+        self.n_batch = int(n_batch)
+        llama_cpp_ext.llama_set_embeddings_nextn(handle, True, True)  # its next hidden state, for chaining
+        self._batch = llama_cpp.llama_batch_ext_init(handle)
+        self._pos = llama_cpp.llama_pos(0)
+        self._n = 0
+
+    def remove(self, pos: int) -> None:
+        """Nothing to forget: the cells are the target's."""
+
+    def clear(self) -> None:
+        """Nothing to clear (the shared cells are the target's, which clearing here would empty)."""

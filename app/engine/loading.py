@@ -30,6 +30,7 @@ from app.engine.sequence import MemoryInfo
 from app.engine.settings import LoadSettings
 from app.gguf import compat
 from app.gguf.arch import MemoryKind, Rollback
+from app.gguf.drafts import DraftKind, draft_facts
 from app.gguf.memory import RECURRENT_SNAPSHOTS, Footprint, file_footprint
 from app.gguf.meta import GGUFError, read_metadata_file
 from app.gguf.split import first_part, missing_parts, split_info
@@ -42,14 +43,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("tandem.engine")
 
 
-def is_eagle3(path: Path) -> bool:
-    """Whether a draft file is an EAGLE-3 head (its header says so)."""
-    from app.gguf.drafts import DraftKind, draft_facts
-
+def head_kind(path: Path) -> DraftKind | None:
+    """Whether a draft file is a head that drafts through its target's context (an EAGLE-3 head, a
+    Gemma 4 assistant: its header says so), and which; None for a draft model."""
     try:
-        return draft_facts(read_metadata_file(path)).kind is DraftKind.EAGLE3
+        kind = draft_facts(read_metadata_file(path)).kind
     except (GGUFError, OSError):
-        return False
+        return None
+    return kind if kind in (DraftKind.EAGLE3, DraftKind.GEMMA4_ASSISTANT) else None
 
 
 def plan_for(settings: LoadSettings, target: Path, draft: Path | None) -> OffloadPlan:
@@ -101,7 +102,7 @@ def load_model(
 ) -> tuple[Model, Context | None]:
     """Load one model and its context with ``layers`` on the GPU; with ``retry`` (an automatic
     plan), with fewer layers each time the GPU runs out of memory. Without ``context`` (an EAGLE-3
-    head: its drafter makes its context, bound to the target's), the model alone."""
+    head, a Gemma 4 assistant: its drafter makes its context, bound to the target's), the model alone."""
 
     def load(n: int) -> tuple[Model, Context | None]:
         report = (lambda f: progress(stage, f)) if progress else None

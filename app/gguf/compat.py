@@ -195,8 +195,8 @@ def _first_token_difference(tgt: list[str], dft: list[str], start: int, stop: in
 def check_compatible(target: GGUFMetadata, draft: GGUFMetadata) -> Compatibility:
     """Apply llama.cpp's speculative-decoding vocabulary rules to `target` and `draft` metadata.
     An EAGLE-3 head, a Gemma 4 assistant or a DFlash drafter (rule ``head``) is checked against its
-    target's architecture and size (:func:`app.gguf.drafts.head_fits`); an EAGLE-3 head that fits is
-    compatible, the others are not drafted with yet."""
+    target's architecture and size (:func:`app.gguf.drafts.head_fits`); an EAGLE-3 head or a Gemma 4
+    assistant that fits is compatible, a DFlash drafter is not drafted with yet."""
     t, d = vocab_info(target), vocab_info(draft)
     sizes = {"n_vocab_target": t.n_vocab, "n_vocab_draft": d.n_vocab}
 
@@ -213,7 +213,7 @@ def check_compatible(target: GGUFMetadata, draft: GGUFMetadata) -> Compatibility
                 target.architecture,
                 kind.kind.value,
             )
-        if kind.kind is DraftKind.EAGLE3:  # it drafts in the target's vocabulary (its d2t maps its own)
+        if kind.kind in (DraftKind.EAGLE3, DraftKind.GEMMA4_ASSISTANT):  # in the target's vocabulary
             return Compatibility(True, f"{kind.words}: it fits this target", "ok", **sizes)
         why = f"{kind.words}: it fits this target, but Tandem does not draft with {kind.kind.value} files yet"
         return fail("head", why, target.architecture, kind.kind.value)

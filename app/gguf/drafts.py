@@ -105,6 +105,12 @@ def head_fits(target: GGUFMetadata, head: GGUFMetadata) -> tuple[bool, str]:
                 False,
                 f"the assistant was made for a Gemma 4 of width {facts.target_width}, this one's is {width}",
             )
+        for key, what in (("key_length", "channels per head"), ("head_count_kv", "KV heads")):
+            mine = _int(head.get(f"gemma4-assistant.attention.{key}"))
+            theirs = _int(target.get(f"gemma4.attention.{key}"))
+            if mine and theirs and mine != theirs:  # it attends over the target's cache with its heads
+                why = f"the assistant reads the target's cache with {mine} {what}; the target has {theirs}"
+                return False, why
         return True, ""
     if facts.kind is DraftKind.DFLASH:
         return False, "DFlash drafters are not supported"

@@ -21,7 +21,8 @@ from app.engine.events import Source
 
 Kind = tuple[Source, int]  # a source and its class of situation
 PLAIN: Kind = (Source.NONE, 0)
-PREDICTORS = (Source.MODEL, Source.MTP, Source.EAGLE3)  # classes by the target's confidence (MODEL_CLASSES)
+# classes by the target's confidence (MODEL_CLASSES)
+PREDICTORS = (Source.MODEL, Source.MTP, Source.EAGLE3, Source.ASSISTANT)
 COPIERS = (Source.LOOKUP, Source.HISTORY)  # classes by match length (LOOKUP_CLASSES)
 RESUMES = (Source.LOOKUP,)  # copiers whose copies have a place in the context (a resume class too)
 

@@ -86,6 +86,10 @@ class MtpDrafter:
         """The head's inputs paired with tokens, from the kept rows (the hidden states themselves)."""
         return rows
 
+    def _chain_pos(self, n: int, j: int) -> int:
+        """The position of draft token ``j``'s pair when chaining (the pending token at ``n - 1``)."""
+        return n + j - self.shift
+
     # -- the target's hidden states -----------------------------------------------------------------
     def _seen(self, tokens: Sequence[int], pos0: int) -> None:
         """A batch the target evaluated: keep each position's token and hidden state."""
@@ -197,7 +201,7 @@ class MtpDrafter:
                 self.mtp.head(j + 1)
                 self.mtp.decode([tokens[-1], *ids], n - 1, np.stack(chained))
             else:  # the head's own hidden state chains: the pair (h', token) at the next position
-                self.mtp.decode([tok], n + j - self.shift, self.mtp.hidden()[None, :])
+                self.mtp.decode([tok], self._chain_pos(n, j), self.mtp.hidden()[None, :])
             t_steps += time.perf_counter() - t1
             n_steps += 1
         if self.chain:

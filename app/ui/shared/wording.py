@@ -24,9 +24,15 @@ SOURCE_NAMES = {
     Source.HISTORY: "your earlier conversations",
     Source.MTP: "the model's own MTP head",
     Source.EAGLE3: "the EAGLE-3 head",
+    Source.ASSISTANT: "the Gemma 4 assistant",
     Source.NONE: "nothing",
 }
-PREDICTOR_NAMES = {Source.MODEL: "draft model", Source.MTP: "MTP head", Source.EAGLE3: "EAGLE-3 head"}
+PREDICTOR_NAMES = {
+    Source.MODEL: "draft model",
+    Source.MTP: "MTP head",
+    Source.EAGLE3: "EAGLE-3 head",
+    Source.ASSISTANT: "Gemma 4 assistant",
+}
 COPY_NAMES = {Source.LOOKUP: "prompt lookup", Source.HISTORY: "history"}
 # a reply's mode and why it ended, in a message's footer
 MODE_NAMES = {
