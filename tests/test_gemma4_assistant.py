@@ -11,13 +11,15 @@ from collections import Counter
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
 import pytest
 from sampled_law import assert_same_first_tokens_law
 
 from app.engine.engine import Engine
 from app.engine.errors import IncompatibleDraftError
 from app.engine.events import Source, Step
-from app.engine.llama_mtp import SYMBOLS
+from app.engine.llama import Context, Model
+from app.engine.llama_mtp import SYMBOLS, AssistantContext
 from app.engine.settings import GenerationSettings, LoadSettings
 from app.gguf import compat
 from app.gguf.drafts import DraftKind, draft_facts
@@ -61,6 +63,41 @@ def _settings(mode: str, **kw) -> GenerationSettings:
 
 def test_the_context_binding_it_needs_is_bound() -> None:
     assert "llama_get_ctx_other" in SYMBOLS["llama_cpp_ext"]
+
+
+def test_the_assistant_attends_over_the_targets_cache_and_writes_nothing(pair: AssistantPair) -> None:
+    """The same (token, hidden state) at the same position drafts differently over another text in the
+    target's cache, and the same again over the same text: the assistant reads the target's cells and
+    leaves them as they were."""
+    target = Model(pair.target)
+    ctx = Context(target, n_ctx=256, n_batch=64, n_threads=1)
+    assistant = Model(pair.assistant)
+    head = AssistantContext(ctx, assistant, n_batch=64, n_threads=1)
+    try:
+        a = target.tokenize(PROMPTS[0], add_special=True, parse_special=False)
+        b = target.tokenize(PROMPTS[2], add_special=True, parse_special=False)[: len(a) - 1] + a[-1:]
+        n, h = len(a), np.zeros((1, head.n_embd), dtype=np.float32)
+        assert len(b) == n and b != a
+
+        def draft_logits(text: list[int]) -> np.ndarray:
+            ctx.trim(0)
+            ctx.decode(text[:-1], 0)
+            head.decode([text[-1]], n - 1, h)
+            first = head.logits().copy()
+            head.decode([text[-1]], n - 1, h)  # the same position again: nothing was written
+            assert ctx.n_cached() == n - 1 and np.array_equal(head.logits(), first)
+            return first
+
+        over_a = draft_logits(a)
+        assert not np.allclose(draft_logits(b), over_a)
+        assert np.array_equal(draft_logits(a), over_a)
+        head.clear()  # a no-op: clearing the shared cells would empty the target's cache
+        assert ctx.n_cached() == n - 1
+    finally:
+        head.close()
+        ctx.close()
+        assistant.close()
+        target.close()
 
 
 def test_check_knows_the_assistant_and_that_it_fits(pair: AssistantPair) -> None:
