@@ -117,23 +117,36 @@ def _block(r: _Rng, p: str, e: int, n_ff: int, *, kv: bool, rg: float) -> dict[s
 
 
 def write_tiny_gemma4(
-    path: str | Path, *, n_embd: int = 64, n_layer: int = 4, n_ff: int = 128, seed: int = 0, name: str = ""
+    path: str | Path,
+    *,
+    n_embd: int = 64,
+    n_layer: int = 4,
+    n_ff: int = 128,
+    shared_kv_layers: int = 0,
+    seed: int = 0,
+    name: str = "",
 ) -> Path:
     """Write a tiny Gemma 4 target: ``n_layer`` blocks alternating sliding-window (16 tokens) and global
-    attention, the last one global; :mod:`app.tiny_gguf`'s tokenizer and ChatML template."""
+    attention, the last one global; :mod:`app.tiny_gguf`'s tokenizer and ChatML template. The last
+    ``shared_kv_layers`` blocks have no K/V of their own: they attend over the KV cache of the last
+    block before them of their kind (as Gemma 4 E2B/E4B's do)."""
     pattern = tuple(TARGET_PATTERN[i % 2] for i in range(n_layer))
     if n_layer < 2 or pattern[-1] or not pattern[-2]:
         raise ValueError("a tiny Gemma 4 needs an even number of layers (>= 2): sliding, global, ...")
+    if shared_kv_layers and (shared_kv_layers % 2 or n_layer - shared_kv_layers < 2):
+        raise ValueError("shared_kv_layers: an even number that leaves at least 2 layers with their own KV")
     r, tok = _Rng(seed), build_tokenizer("a")
     rg = float(1.0 / np.sqrt(n_layer))
     kv = _common_kv(n_embd, n_layer, n_ff, pattern) | {"embedding_length_per_layer_input": 0}
+    if shared_kv_layers:
+        kv["attention.shared_kv_layers"] = shared_kv_layers
     weights = {
         "token_embd.weight": r.embd(tok.n_vocab, n_embd, 0.5 / np.sqrt(n_embd)),
         "output_norm.weight": r.norm(n_embd),
         "rope_freqs.weight": np.ones(HEAD_DIM // 2, dtype=np.float32),
     }
     for i in range(n_layer):
-        weights |= _block(r, f"blk.{i}.", n_embd, n_ff, kv=True, rg=rg)
+        weights |= _block(r, f"blk.{i}.", n_embd, n_ff, kv=i < n_layer - shared_kv_layers, rg=rg)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     writer = _writer(path, "gemma4", name or "tiny-gemma4", kv, tok.n_vocab)

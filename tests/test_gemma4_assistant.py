@@ -149,6 +149,18 @@ def test_greedy_output_with_the_assistant_equals_plain_in_every_mode(engine: Eng
     assert sources[Source.ASSISTANT] > 0 and Source.MODEL not in sources  # it drafted, said as data
 
 
+def test_an_assistant_over_a_target_whose_last_layers_share_their_kv(tmp_path: Path) -> None:
+    """Gemma 4 E2B/E4B's last layers reuse earlier layers' KV cache; the assistant then reads those
+    (llama.cpp maps them): greedy output still equals plain, and the assistant drafts."""
+    target = write_tiny_gemma4(tmp_path / "shared-kv.gguf", n_layer=6, shared_kv_layers=2)
+    assistant = write_tiny_gemma4_assistant(tmp_path / "a.gguf")
+    with Engine(LoadSettings(target=str(target), draft=str(assistant), n_ctx=512, n_threads=1)) as eng:
+        prompt = eng.tokenize(PROMPTS[1])
+        plain = eng.run(prompt, _settings("plain"))
+        fin = eng.run(prompt, _settings("speculative", n_max=4, adaptive=False))
+        assert fin.tokens == plain.tokens and fin.stats.n_drafted > 0
+
+
 def test_sampled_output_with_the_assistant_follows_plain_sampling(engine: Engine) -> None:
     """At temperature 1 the joint law of the first three tokens is the same with and without the
     assistant (its draft is a draw from its own distribution, which verification gets)."""
