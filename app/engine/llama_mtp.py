@@ -11,8 +11,11 @@ in a context bound to the target's (``ctx_other``: it may use the target's token
 layer): the target outputs the inputs of three of its layers for every token; the head's encoder fuses
 them into one row ``g``; its decoder holds, at position ``p``, the pair (``g[p]``, token ``p + 1``) and
 chains its own pre-norm hidden state. The three calls of the target's side are exported by libllama
-under C++ names only (``llama-ext.h``), bound here by every ABI's name. Thin wrappers only: the
-drafters are :mod:`app.engine.drafting.mtp` and :mod:`app.engine.drafting.eagle3`.
+under C++ names only (``llama-ext.h``), bound here by every ABI's name. A Gemma 4 assistant is its
+own small model too, in a context bound to the target's whose memory *is* the target's KV cache: it
+evaluates (token, the target's hidden state) pairs over the target's cells and writes none. Thin
+wrappers only: the drafters are :mod:`app.engine.drafting.mtp`, :mod:`app.engine.drafting.eagle3` and
+:mod:`app.engine.drafting.gemma4_assistant`.
 """
 
 from __future__ import annotations
