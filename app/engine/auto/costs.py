@@ -7,6 +7,11 @@ import statistics
 from collections import deque
 from typing import Any, Protocol
 
+# A batch costs at least one step; one timed this many times faster than every recent step says the
+# steps are stale (timing noise on a quiet machine is a few percent; another program loading beside
+# this one on a 2-core CPU slows every timing 30-100x).
+STALE = 2.0
+
 
 class CostModel(Protocol):
     """Seconds a round's parts cost (measured, or synthetic in tests)."""
@@ -59,8 +64,8 @@ class MeasuredCosts:
     measured at about the same time depends mostly on the model and the hardware, and moves much
     less (every drafted round updates it). So one decode step's cost is tracked as the median of
     recent plain rounds, every other batch size (and the draft's step) as the median of its recent
-    ratios to it, and an estimate is the two multiplied. A batch timed faster than every recent step
-    says those steps were timed on a busier machine: they are dropped and the step is timed again.
+    ratios to it, and an estimate is the two multiplied. A batch timed in half the time of every recent
+    step says those steps were timed on a busier machine: they are dropped and the step is timed again.
     Unmeasured batch sizes are interpolated between the nearest measured ones; past the largest,
     its mean slope from one token continues (with only one size measured, a prior slope: the
     relative cost of each extra batch token, CPU-like by default).
@@ -87,10 +92,10 @@ class MeasuredCosts:
             for b, t in pending:
                 self._add_relative(b, t)
         else:
-            if self._step.n and seconds < min(self._step.samples):
-                # A batch costs at least one step: one faster than every recent step says they were
-                # timed on a busier machine (another program loading beside this one). The step is
-                # timed again (auto mode's next round is plain); this batch is kept until then.
+            if self._step.n and seconds * STALE < min(self._step.samples):
+                # A batch costs at least one step: one in half the time of every recent step says
+                # they were timed on a busier machine (another program loading beside this one). The
+                # step is timed again (auto mode's next round is plain); this batch is kept till then.
                 self._step.clear()
             self._add_relative(batch, seconds)
 
