@@ -26,7 +26,7 @@ from app.ui.settings.history_box import HistoryBox
 
 SOURCES = (
     ("auto", "Auto (whatever pays)"),
-    ("model", "Draft model"),
+    ("model", "The draft: a draft model, an EAGLE-3 head or a Gemma 4 assistant"),
     ("lookup", "Prompt lookup"),
     ("mtp", "The model's own MTP layers"),
 )
