@@ -14,6 +14,7 @@ from typing import Any
 from app.gguf.arch import MemoryKind, Rollback, memory_kind, rollback_for
 from app.gguf.split import part_names, split_info
 
+from .catalog_drafts import DraftOption, check_heads, check_pair_draft, draft_options
 from .catalog_facts import optional_facts
 from .drafting import PairDrafting, pair_drafting
 
@@ -136,7 +137,9 @@ class CatalogModel:
     """A model of the catalog, with what the memory and speed estimates need. Optional: a mixture of
     experts' ``active_params`` (0: ``params``), ``experts``, ``experts_used``; ``kv_layers`` (-1: all);
     ``sliding_window``, ``sliding_layers``; ``recurrent_state`` (bytes of one sequence's state over its
-    recurrent layers, f32); ``sources`` (where the facts come from)."""
+    recurrent layers, f32); ``sources`` (where the facts come from); ``mtp_layers`` (its own
+    multi-token-prediction layers: it drafts for itself); ``draft_kind`` and ``drafts_for`` (a head: an
+    EAGLE-3 head or a Gemma 4 assistant, and the target ids it was trained for; `catalog_drafts`)."""
 
     id: str
     name: str
@@ -161,6 +164,9 @@ class CatalogModel:
     sliding_layers: int = 0
     recurrent_state: int = 0
     sources: tuple[str, ...] = ()
+    mtp_layers: int = 0
+    draft_kind: str = ""
+    drafts_for: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.active_params <= 0:
@@ -231,6 +237,10 @@ class Catalog:
     def drafting(self, pair: Pair) -> PairDrafting:
         """What drafting `pair` supports (its models' memory kinds and rollbacks)."""
         return pair_drafting(self.model(pair.target), self.model(pair.draft))
+
+    def draft_options(self, target_id: str) -> tuple[DraftOption, ...]:
+        """What can draft for a target: its own MTP layers, heads trained for it, its pairs' drafts."""
+        return draft_options(self, target_id)
 
     def to_data(self) -> dict[str, Any]:
         """The catalog as plain data (for JSON): pairs in order, and each model with its facts and, per
@@ -405,6 +415,10 @@ def _parse_pair(entry: Any, index: int, models: Mapping[str, CatalogModel]) -> P
     if target == draft:
         raise CatalogError(f"{where}: target and draft are the same model {target!r}")
     t, d = models[target], models[draft]
+    try:
+        check_pair_draft(t, d)
+    except ValueError as e:
+        raise CatalogError(f"{where}: {e}") from None
     if t.tokenizer != d.tokenizer:
         raise CatalogError(
             f"{where}: target {target!r} (tokenizer {t.tokenizer!r}) and draft {draft!r} "
@@ -438,6 +452,10 @@ def parse_catalog(data: Mapping[str, Any], source: str = "<catalog>") -> Catalog
             if m.id in models:
                 raise CatalogError(f"duplicate model id {m.id!r}")
             models[m.id] = m
+        try:
+            check_heads(models)
+        except ValueError as e:
+            raise CatalogError(str(e)) from None
         pairs: list[Pair] = []
         seen: set[str] = set()
         for i, entry in enumerate(raw_pairs):

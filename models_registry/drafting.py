@@ -13,6 +13,8 @@ The draft model drafts one token at a time, which snapshots cannot undo: on a re
 back by checkpoint (the engine gives it no snapshots). NONE (a memory that can do neither) decodes
 plainly.
 
+A catalog target with its own multi-token-prediction layers (``mtp_layers``) drafts with them too; a
+head as the draft (``draft_kind``: an EAGLE-3 head, a Gemma 4 assistant) takes the draft model's place.
 Works on anything with ``memory`` and ``rollback`` (`app.gguf.arch.ArchFacts`, a catalog model).
 """
 
@@ -24,10 +26,12 @@ from typing import Any, Protocol
 from app.gguf.arch import MemoryKind, Rollback
 from app.gguf.memory import RECURRENT_SNAPSHOTS
 
-__all__ = ["SOURCES", "PairDrafting", "pair_drafting", "rollback_limit", "rollback_words"]
+__all__ = ["HEAD_SOURCES", "SOURCES", "PairDrafting", "pair_drafting", "rollback_limit", "rollback_words"]
 
 #: the drafting sources; every pair supports all of them
 SOURCES = ("draft model", "prompt lookup", "drafting history")
+#: what a head drafts as, by its catalog ``draft_kind``
+HEAD_SOURCES = {"eagle3": "EAGLE-3 head", "assistant": "Gemma 4 assistant"}
 
 
 class _Memory(Protocol):
@@ -66,6 +70,8 @@ class PairDrafting:
     target_rollback: Rollback
     draft_rollback: Rollback
     sources: tuple[str, ...] = SOURCES
+    target_mtp_layers: int = 0  # the target's own multi-token-prediction layers (a source of their own)
+    draft_kind: str = ""  # "" a draft model; "eagle3" or "assistant" a head trained for the target
 
     @property
     def longest_snapshot_draft(self) -> int | None:
@@ -92,6 +98,8 @@ class PairDrafting:
             "draft_rollback": self.draft_rollback.value,
             "longest_snapshot_draft": self.longest_snapshot_draft,
             "sources": list(self.sources),
+            "target_mtp_layers": self.target_mtp_layers,
+            "draft_kind": self.draft_kind or "model",
         }
 
 
@@ -101,4 +109,9 @@ def pair_drafting(target: _Memory, draft: _Memory) -> PairDrafting:
     sources = () if target.rollback is Rollback.NONE else SOURCES
     if draft_rollback is Rollback.NONE:
         sources = tuple(s for s in sources if s != "draft model")
-    return PairDrafting(target.memory, draft.memory, target.rollback, draft_rollback, sources)
+    mtp, kind = int(getattr(target, "mtp_layers", 0) or 0), str(getattr(draft, "draft_kind", "") or "")
+    if kind:
+        sources = tuple(HEAD_SOURCES[kind] if s == "draft model" else s for s in sources)
+    if mtp and sources:
+        sources = (f"own MTP layers ({mtp})", *sources)
+    return PairDrafting(target.memory, draft.memory, target.rollback, draft_rollback, sources, mtp, kind)

@@ -6,6 +6,7 @@ Estimate of what a pair needs (all in bytes)::
     KV cache  = 2 (K and V) * n_kv_heads * head_dim * 2 (f16) * cells, over the layers with a KV cache
                 (`kv_layers`): n_ctx cells a full layer, min(n_ctx, window + 512) padded to 256 a
                 sliding-window one (`sliding_layers`)
+                (a target's own MTP layers: that many more full layers, for its MTP context)
     recurrent = a hybrid or recurrent model's state (`recurrent_state`) * (1 + the engine's snapshots),
                 and CHECKPOINT_SLOTS more copies the engine saves in RAM
     compute   = COMPUTE_BUFFER per model (llama.cpp's graph buffers at n_batch=512, logits included)
@@ -139,6 +140,8 @@ def estimate_model(
     kv = kv_cache_bytes(model.kv_layers, ctx, model.n_kv_heads, model.head_dim,
                         sliding_layers=0 if draft else model.sliding_layers,
                         sliding_window=model.sliding_window)  # fmt: skip
+    if model.mtp_layers and not draft:  # its MTP context keeps a full cache of its own layers
+        kv += kv_cache_bytes(model.mtp_layers, ctx, model.n_kv_heads, model.head_dim)
     state = recurrent_bytes(model.recurrent_state, model.architecture, snapshots=0 if draft else None)
     return ModelNeed(
         name=model.id, weights=size, kv=kv, compute=COMPUTE_BUFFER, n_layers=model.n_layers, n_ctx=ctx,

@@ -278,6 +278,7 @@ def test_pair_drafting_in_the_catalog_data() -> None:
         "target_memory": "hybrid", "draft_memory": "attention", "target_rollback": "snapshot",
         "draft_rollback": "trim", "longest_snapshot_draft": RECURRENT_SNAPSHOTS,
         "sources": ["draft model", "prompt lookup", "drafting history"],
+        "target_mtp_layers": 0, "draft_kind": "model",
     }  # fmt: skip
     json.dumps(data)  # JSON-ready
     d = cat.drafting(cat.pair("p"))
@@ -306,5 +307,9 @@ def test_real_catalog_facts_are_consistent() -> None:
         assert m.active_params <= m.params and m.kv_layers <= m.n_layers, m.id
         assert (m.recurrent_state > 0) == (m.memory in (MemoryKind.HYBRID, MemoryKind.RECURRENT)), m.id
         assert m.moe == (m.experts > 1), m.id
-    for p in default_catalog().pairs:
-        assert default_catalog().drafting(p).sources == ("draft model", "prompt lookup", "drafting history")
+    cat = default_catalog()
+    for p in cat.pairs:
+        t, d = cat.model(p.target), cat.model(p.draft)
+        draft = {"eagle3": "EAGLE-3 head", "assistant": "Gemma 4 assistant"}.get(d.draft_kind, "draft model")
+        own = (f"own MTP layers ({t.mtp_layers})",) if t.mtp_layers else ()
+        assert cat.drafting(p).sources == (*own, draft, "prompt lookup", "drafting history")
