@@ -180,7 +180,7 @@ class ModelsPanel(QWidget):
         self.installed.refreshRequested.connect(self.refresh)
         self.tabs.addTab(self.installed, "Installed")
 
-        self.chooser = PairChooser(self.downloads, check_kwargs=check_kwargs)
+        self.chooser = PairChooser(self.downloads, check_kwargs=check_kwargs, catalog=self.catalog)
         self.chooser.loadRequested.connect(lambda t, d: self._request_load(t, d, None))
         self.installed.useAsTarget.connect(lambda p: self._to_chooser(self.chooser.set_target, p))
         self.installed.useAsDraft.connect(lambda p: self._to_chooser(self.chooser.set_draft, p))
@@ -370,7 +370,8 @@ class ModelsPanel(QWidget):
     def _request_load(self, target: str, draft: str, pair: Pair | None) -> None:
         self.loadRequested.emit(target, draft)
         self.pairLoadRequested.emit(target, draft, pair)
-        self.show_message(f"Loading {Path(target).name} with draft {Path(draft).name}…", "ok")
+        how = f"with draft {Path(draft).name}" if draft else "(it drafts with its own MTP layers)"
+        self.show_message(f"Loading {Path(target).name} {how}…", "ok")
 
     def delete_pair(self, pair_id: str) -> bool:
         """Delete the downloaded files of a pair from the HF cache (after confirmation)."""

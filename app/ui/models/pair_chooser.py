@@ -5,7 +5,10 @@ Each side accepts a local path (or *Browse…*), ``hf://owner/repo/file.gguf[@re
 id (``qwen3-8b:Q8_0``). *Check* runs the vocabulary compatibility check on a worker thread: local files
 are judged from their headers, Hub files from their first megabytes (HTTP Range requests), so nothing
 big is downloaded before the verdict. An incompatible pair cannot be loaded; a compatible pair on the Hub
-can be downloaded, then loaded.
+can be downloaded, then loaded. A target with its own multi-token-prediction (MTP) layers needs no draft:
+the draft may be left empty. The draft picker offers what the catalog has for a catalog target: its own MTP
+layers, the heads trained for it (an EAGLE-3 head, a Gemma 4 assistant: never another target's), and its
+pairs' draft models.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 
 from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtWidgets import (
+    QComboBox,
     QFileDialog,
     QGridLayout,
     QHBoxLayout,
@@ -32,12 +36,14 @@ from PySide6.QtWidgets import (
 
 from app.gguf.arch import ArchFacts, arch_facts
 from app.gguf.compat import Compatibility, check_compatible
+from app.gguf.drafts import mtp_layers
 from app.ui.models.downloads import DownloadManager
 from app.ui.shared.richtext import escape
 from app.ui.shared.wording import describe_pair_drafting
+from models_registry.catalog import Catalog, CatalogModel, default_catalog
 from models_registry.hub import HubError, cached_model
 from models_registry.refs import resolve_model_ref
-from models_registry.remote import HfRef, ModelFacts, read_ref_metadata
+from models_registry.remote import HfRef, ModelFacts, parse_hf_ref, read_ref_metadata
 from models_registry.units import format_bytes
 
 log = logging.getLogger("tandem.ui")
@@ -94,7 +100,7 @@ class CheckResult:
 
     @property
     def local(self) -> bool:
-        return isinstance(self.target, Path) and isinstance(self.draft, Path)
+        return isinstance(self.target, Path) and (self.draft is None or isinstance(self.draft, Path))
 
 
 def _describe_error(role: str, e: BaseException) -> str:
@@ -106,11 +112,13 @@ def _describe_error(role: str, e: BaseException) -> str:
 
 
 def run_check(target_text: str, draft_text: str, **kwargs: Any) -> CheckResult:
-    """Resolve both references and compare their vocabularies (blocking; never raises)."""
+    """Resolve both references and compare their vocabularies (blocking; never raises). With no draft,
+    the target must carry multi-token-prediction layers: it drafts with them."""
     refs: list[Path | HfRef] = []
     metas = []
     facts: list[ModelFacts] = []
-    for role, text in (("Target", target_text), ("Draft", draft_text)):
+    roles = [("Target", target_text), ("Draft", draft_text)][: 2 if draft_text.strip() else 1]
+    for role, text in roles:
         try:
             ref = resolve_model_ref(normalize_ref(text))
             meta, f = read_ref_metadata(ref, **kwargs)
@@ -122,6 +130,14 @@ def run_check(target_text: str, draft_text: str, **kwargs: Any) -> CheckResult:
         refs.append(ref)
         metas.append(meta)
         facts.append(f)
+    if len(metas) == 1:
+        n = mtp_layers(metas[0])
+        if not n:
+            why = "Draft: none given, and the target has no multi-token-prediction layers: choose a draft."
+            return CheckResult(None, refs[0], None, facts[0], None, why, arch_facts(metas[0]))
+        own = f"the target drafts with its own {n} multi-token-prediction layer{'s' * (n > 1)}"
+        return CheckResult(Compatibility(True, own, rule="mtp"), refs[0], None, facts[0], None, "",
+                           arch_facts(metas[0]))  # fmt: skip
     compat = check_compatible(metas[0], metas[1])
     target_arch, draft_arch = (arch_facts(m) for m in metas)
     return CheckResult(compat, refs[0], refs[1], facts[0], facts[1], "", target_arch, draft_arch)
@@ -173,9 +189,11 @@ class PairChooser(QWidget):
         parent: QWidget | None = None,
         *,
         check_kwargs: dict[str, Any] | None = None,
+        catalog: Catalog | None = None,
     ) -> None:
         super().__init__(parent)
         self.downloads = downloads
+        self.catalog = catalog or default_catalog()
         self.check_kwargs = dict(check_kwargs or {})
         self.result: CheckResult | None = None
         self._generation = 0
@@ -190,7 +208,8 @@ class PairChooser(QWidget):
         hint = QLabel(
             "Any two GGUF models that share a tokenizer can run as a pair: a large <b>target</b> "
             "and a small <b>draft</b>. Use a local file, or a Hub file as <code>hf://owner/repo/file.gguf"
-            "</code> or <code>owner/repo file.gguf</code>: Check reads only the file headers."
+            "</code> or <code>owner/repo file.gguf</code>: Check reads only the file headers. A target "
+            "with its own MTP layers needs no draft."
         )
         hint.setObjectName("pairHint")
         hint.setWordWrap(True)
@@ -216,8 +235,16 @@ class PairChooser(QWidget):
             grid.addWidget(edit, row * 2, 1)
             grid.addWidget(browse, row * 2, 2)
             grid.addWidget(facts, row * 2 + 1, 1, 1, 2)
+        self.draft_picker = QComboBox()
+        self.draft_picker.setToolTip("The drafts the catalog offers for this target")
+        self.draft_picker.activated.connect(self._pick_draft)
+        self.picker_label = QLabel("Drafts for it")
+        grid.addWidget(self.picker_label, 4, 0)
+        grid.addWidget(self.draft_picker, 4, 1, 1, 2)
         grid.setColumnStretch(1, 1)
         lay.addLayout(grid)
+        self.target_edit.textChanged.connect(self._refresh_picker)
+        self._refresh_picker()
 
         buttons = QHBoxLayout()
         self.swap_button = QPushButton("Swap")
@@ -268,15 +295,15 @@ class PairChooser(QWidget):
         if self._closed:
             return
         t, d = self.target_edit.text(), self.draft_edit.text()
-        if not t.strip() or not d.strip():
-            self._show("error", "Choose both a target and a draft first.")
+        if not t.strip():
+            self._show("error", "Choose a target (and a draft, unless it drafts with its own MTP layers).")
             return
         self._generation += 1
         gen = self._generation
         self.result = None
         self.target_facts.clear()
         self.draft_facts.clear()
-        remote = any(not Path(normalize_ref_safe(x)).exists() for x in (t, d))
+        remote = any(not Path(normalize_ref_safe(x)).exists() for x in (t, d) if x.strip())
         self._show("busy", "Checking… (reading the file headers" + (" from the Hub)" if remote else ")"))
         kwargs = dict(self.check_kwargs)
         old = self._thread
@@ -295,7 +322,7 @@ class PairChooser(QWidget):
         r = self.result
         if r is None or not r.ok or not r.local:
             return
-        self.loadRequested.emit(str(r.target), str(r.draft))
+        self.loadRequested.emit(str(r.target), "" if r.draft is None else str(r.draft))
 
     def download(self) -> None:
         """Queue the Hub files of a compatible pair in the download manager."""
@@ -364,6 +391,10 @@ class PairChooser(QWidget):
             )
         else:
             extra = "Ready to load." if res.local else "Download the pair to load it (Hub files)."
+            if res.draft is None:
+                self._show("ok", f"<b>✓ No draft needed</b>: {escape(res.compat.reason)}.<br>{extra}")
+                self._update_buttons()
+                return
             if res.target_arch is not None and res.draft_arch is not None:
                 extra = f"{escape(describe_pair_drafting(res.target_arch, res.draft_arch))}.<br>{extra}"
             self._show("ok", f"<b>✓ Compatible</b>: the draft's vocabulary matches the target's.<br>{extra}")
@@ -393,8 +424,7 @@ class PairChooser(QWidget):
 
     def _update_buttons(self) -> None:
         r = self.result
-        both = bool(self.target_edit.text().strip() and self.draft_edit.text().strip())
-        self.check_button.setEnabled(both and not self._closed)
+        self.check_button.setEnabled(bool(self.target_edit.text().strip()) and not self._closed)
         self.load_button.setEnabled(r is not None and r.ok and r.local)
         remote = r is not None and r.ok and not r.local
         self.download_button.setVisible(remote and self.downloads is not None)
@@ -407,6 +437,40 @@ class PairChooser(QWidget):
             self.load_button.setToolTip("Download the Hub files first")
         else:
             self.load_button.setToolTip("")
+
+    # -- the draft picker ---------------------------------------------------------------------------
+    def target_model(self) -> CatalogModel | None:
+        """The catalog model the target is: a catalog id, a Hub file of the catalog, or a local file of
+        a catalog file's name."""
+        ref = normalize_ref_safe(self.target_edit.text().strip())
+        if ref.startswith("hf://"):
+            try:
+                h = parse_hf_ref(ref)
+            except ValueError:
+                return None
+            hit = self.catalog.find_file(h.repo_id, h.filename)
+            return hit[0] if hit else None
+        mid = ref.partition(":")[0]
+        if mid in self.catalog.models:
+            return self.catalog.models[mid]
+        hit = self.catalog.find_filename(Path(ref).name) if ref.endswith(".gguf") else None
+        return hit[0] if hit else None
+
+    def _refresh_picker(self) -> None:
+        m = self.target_model()
+        options = self.catalog.draft_options(m.id) if m is not None else ()
+        self.draft_picker.clear()
+        self.draft_picker.addItem("Choose a draft the catalog offers…", None)
+        for o in options:
+            self.draft_picker.addItem(o.words, (o.kind, o.draft))
+        for w in (self.draft_picker, self.picker_label):
+            w.setVisible(bool(options))
+
+    def _pick_draft(self, index: int) -> None:
+        choice = self.draft_picker.itemData(index)
+        if choice is not None:
+            kind, draft = choice
+            self.draft_edit.setText("" if kind == "mtp" else draft)
 
 
 def normalize_ref_safe(text: str) -> str:

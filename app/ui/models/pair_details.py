@@ -17,6 +17,8 @@ from PySide6.QtWidgets import (
 
 from app.ui.models.catalog_rows import PairRow, fit_badge
 from app.ui.shared.richtext import escape
+from models_registry.catalog_drafts import draft_words, mtp_words
+from models_registry.drafting import pair_drafting
 from models_registry.units import format_bytes
 
 __all__ = ["PairDetails"]
@@ -103,7 +105,8 @@ class PairDetails(QFrame):
             self.cancel_button.setVisible(False)
             return
         star = "★ Recommended for this machine: " if row.recommended else ""
-        self.title.setText(f"{star}{row.target.name}  +  {row.draft.name} (draft)")
+        kind = f"({draft_words(row.draft).partition(' ')[2]})" if row.draft.draft_kind else "(draft)"
+        self.title.setText(f"{star}{row.target.name}  +  {row.draft.name} {kind}")
         for lbl, m, q, path in ((self.target_file, row.target, row.target_quant, row.target_path),
                                 (self.draft_file, row.draft, row.draft_quant, row.draft_path)):  # fmt: skip
             qf = m.file(q)
@@ -132,11 +135,17 @@ class PairDetails(QFrame):
             f"{format_bytes(row.fit.need.total)} at {row.fit.need.target.n_ctx:,} tokens of context"
         )
         status = f"<br><span style='color:#a40e26'>{escape(row.error)}</span>" if row.error else ""
+        drafting = f"<br><b>Drafting:</b> {escape(pair_drafting(row.target, row.draft).words)}"
+        t, d = row.target, row.draft
+        if t.mtp_layers:  # it can also run alone: Custom pair, with no draft file
+            drafting += f"<br>{escape(t.name)} {escape(mtp_words(t.mtp_layers))}: it can also run alone"
+        if d.draft_kind:
+            drafting += f"<br>{escape(d.name)} is {draft_words(d)} trained for this target only"
         self.info.setText(
             f"<b>Good for:</b> {escape(row.pair.good_for)}<br><b>Fit:</b> {fit}<br>"
             f"<b>Total download:</b> {row.size_text} · <b>Licence:</b> {escape(row.licence_text)}<br>"
             f"<b>Suggested drafting:</b> up to {row.pair.n_max} tokens per round, p_min {row.pair.p_min:g}"
-            f"{gated}{status}"
+            f"{drafting}{gated}{status}"
         )
         active = row.status in ("downloading", "queued")
         self.download_button.setVisible(not row.installed)
