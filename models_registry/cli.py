@@ -78,7 +78,8 @@ def cmd_models_catalog(args: argparse.Namespace) -> int:
               f"licence {t.license}{gated}")  # fmt: skip
         print(f"  good for: {p.good_for}")
         drafting = cat.drafting(p)
-        if drafting.longest_snapshot_draft is not None:  # a recurrent memory: say how drafts roll back
+        # a recurrent memory (how drafts roll back), a target's own MTP layers or a head: say how it drafts
+        if drafting.longest_snapshot_draft is not None or drafting.target_mtp_layers or drafting.draft_kind:
             print(f"  {drafting.words}")
     return EXIT_OK
 

@@ -116,3 +116,13 @@ def test_the_real_catalog_offers_mtp_and_assistants() -> None:
     assert cat.model("gemma-4-31b-it-assistant").file().size == 514_687_104
     assert cat.model("gemma-4-e2b-it-assistant").file().size == 97_817_664
     assert not any(o.kind == "assistant" for o in cat.draft_options("qwen3.6-27b"))
+
+
+def test_models_catalog_says_how_mtp_and_head_pairs_draft(capsys: pytest.CaptureFixture[str]) -> None:
+    from models_registry import cli
+
+    assert cli.main(["models", "catalog"]) == 0
+    out = capsys.readouterr().out
+    head = out.split("gemma-4-31b+assistant\n", 1)[1].split("\n\n")[0]
+    assert "drafting: Gemma 4 assistant, prompt lookup" in head
+    assert "drafting: own MTP layers (1), draft model" in out.split("qwen3.6-27b-mtp+3.5-0.8b\n", 1)[1]
