@@ -21,7 +21,7 @@ from app.engine.auto import (
 from app.engine.auto.copies import CopyRounds
 from app.engine.auto.evidence import PLAIN
 from app.engine.auto.planner import continue_rule
-from app.engine.drafting import LookupDrafter, Outcome, Proposal, common_prefix
+from app.engine.drafting import EMPTY, LookupDrafter, Outcome, Proposal, common_prefix
 from app.engine.engine import Engine, GenerationSettings, LoadSettings
 from app.engine.events import Action, Declined, Policy, Source, Step
 
@@ -686,7 +686,6 @@ def test_model_class_follows_the_targets_confidence() -> None:
 
 
 def test_auto_drafts_with_the_model_only_where_the_target_is_sure() -> None:
-    from app.engine.drafting import EMPTY
 
     text = list(range(200, 260))  # no n-gram repeats: prompt lookup has nothing to offer
     auto = AutoDrafter(SureDraft(), LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
@@ -700,6 +699,27 @@ def test_auto_drafts_with_the_model_only_where_the_target_is_sure() -> None:
     sure = auto.propose(text, 6, None, None)  # type: ignore[arg-type]
     assert sure.source == "model" and len(sure.tokens) >= 2, sure.decision
     assert sure.decision.target_sure == 1.0
+
+
+def test_a_draft_is_verified_only_as_far_as_verifying_it_pays() -> None:
+    """What drafting cost is spent: a draft that stopped at one token the draft itself doubts is not
+    worth a batch of 2 where that batch costs more than the token is likely to bring (a CPU); where
+    a batch costs about a step (a GPU) it is verified."""
+    text = list(range(200, 260))  # no n-gram repeats: prompt lookup has nothing to offer
+    for costs, kept in ((CPU_LIKE, False), (GPU_LIKE, True)):
+        auto = AutoDrafter(SureDraft(confidence=0.2), LookupDrafter(), n_max=6, costs=costs)  # type: ignore[arg-type]
+        auto.begin(text)
+        for _ in range(3):
+            auto.observe(EMPTY, Outcome(Source.NONE, 0, 0, 1, 0.1, 0.1, confidence=(1.0,)))
+        prop = auto.propose(text, 6, None, None)  # type: ignore[arg-type]
+        assert bool(prop.tokens) == kept, (costs, prop.decision)
+        if not kept:
+            assert prop.source is Source.MODEL and prop.decision.action is Action.DRAFT
+    sure = AutoDrafter(SureDraft(confidence=0.99), LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
+    sure.begin(text)
+    for _ in range(3):
+        sure.observe(EMPTY, Outcome(Source.NONE, 0, 0, 1, 0.1, 0.1, confidence=(1.0,)))
+    assert len(sure.propose(text, 6, None, None).tokens) >= 2  # type: ignore[arg-type]
 
 
 def test_model_drafts_on_past_a_costly_batch_size_when_cheaper_ones_follow() -> None:
@@ -1033,7 +1053,6 @@ def test_a_draft_model_that_could_not_pay_even_if_always_right_is_neither_planne
     sure_but_dear = AutoDrafter(SureDraft(), LookupDrafter(), n_max=6, costs=EXPENSIVE)  # type: ignore[arg-type]
     text = list(range(200, 260))  # no n-gram repeats: only the draft model could draft
     sure_but_dear.begin(text)
-    from app.engine.drafting import EMPTY
 
     for i in range(300):
         sure_but_dear.observe(EMPTY, Outcome(Source.NONE, 0, 0, 1, 0.1, 0.1, confidence=(1.0,)))
@@ -1045,7 +1064,6 @@ def test_a_draft_model_that_could_not_pay_even_if_always_right_is_neither_planne
 def test_a_declined_lookup_match_is_named_in_the_decision() -> None:
     """A round that drafts nothing says why, and names the prompt lookup match it did not draft (the
     app shows it next to "drafting paused"), as data."""
-    from app.engine.drafting import EMPTY
 
     text = [*range(200, 260), 230, 231]  # ends with a 2-token match: a coincidence as often as not
     for model, costs in ((None, EXPENSIVE), (SureDraft(), EXPENSIVE)):

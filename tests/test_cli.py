@@ -154,4 +154,5 @@ def test_check_names_the_architectures_and_the_drafting(tmp_path) -> None:
         "target_memory": "attention", "draft_memory": "hybrid", "target_rollback": "trim",
         "draft_rollback": "checkpoint", "longest_snapshot_draft": 0,
         "sources": ["draft model", "prompt lookup", "drafting history"],
+        "draft_kind": "model", "target_mtp_layers": 0,
     }  # fmt: skip
