@@ -149,7 +149,8 @@ def relative_to_neighbours(timed: list[tuple[int, float]], last: int = 3) -> lis
             continue
         before = [t for j, t in steps if j < i][-1:]
         after = [t for j, t in steps if j > i][:1]
-        out.append((batch, dt * reference / statistics.mean(before + after)))
+        # a batch costs at least one step (tiny models' timings are mostly noise)
+        out.append((batch, max(dt / statistics.mean(before + after), 1.0) * reference))
     return out
 
 

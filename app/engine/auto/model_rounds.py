@@ -75,6 +75,7 @@ class ModelRounds:
         self._probe_interval = probe_every
         self.since = 0  # rounds since the model last drafted
         self.probing = False
+        self.cut = False  # this round's draft was made and then not verified at all (see _worth_verifying)
         # A reply tries the draft in its first rounds where the estimate alone would not (see
         # :meth:`_hopeful`): while every draft so far was accepted in full, and then while what its
         # rounds delivered beats plain rounds.
@@ -148,7 +149,7 @@ class ModelRounds:
         self.amortized = 1.0  # until this round's catch-up is planned (none while measuring)
         self._class_share = [0.9 * x + 0.1 * (i == c) for i, x in enumerate(self._class_share)]
         acc = self.evidence.estimate(self.source, c)
-        self.probing = False
+        self.probing = self.cut = False
         if d is None or self.costs.verify(2) is None:
             if self.costs.verify(1) is None:
                 return Action.MEASURE
@@ -224,6 +225,7 @@ class ModelRounds:
                 best, best_rate = m, expected / v
         if best == len(prop.tokens):
             return prop
+        self.cut = best == 0
         return replace(prop, tokens=prop.tokens[:best], q=prop.q[:best], confidence=prop.confidence[:best])
 
     def cannot_pay(self, draft_cost: float, limit: int) -> bool:
@@ -338,6 +340,8 @@ class ModelRounds:
             self.overrun_window.add(seconds / (outcome.n_drafted * d + v + charged))
         if proposal.tokens and not self.probing:  # a try goes on only while the draft is right in full
             self.trying = self.trying and outcome.n_accepted >= outcome.n_drafted
+        if self.cut:  # a draft not worth verifying: a try that failed
+            self.trying = False
         if proposal.n_steps:
             self.costs.observe_draft(proposal.n_steps, proposal.t_steps)
         if proposal.n_sync > 2:
