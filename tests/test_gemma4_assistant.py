@@ -112,6 +112,8 @@ def test_check_knows_the_assistant_and_that_it_fits(pair: AssistantPair) -> None
         timeout=120,
     )
     assert res.returncode == 0 and "a Gemma 4 assistant for a Gemma 4 of width 64" in res.stdout, res.stdout
+    drafting = next(line for line in res.stdout.splitlines() if "drafting" in line)
+    assert "Gemma 4 assistant" in drafting and "draft model" not in drafting, res.stdout
 
 
 def test_an_assistant_for_another_target_is_refused_with_the_reason(

@@ -140,6 +140,11 @@ class ArchFacts:
         return self.experts > 1 and self.experts_used > 0
 
     @property
+    def draft_kind(self) -> str:
+        """What the file drafts as when given as a draft: "eagle3", "assistant" or "" (a draft model)."""
+        return {"eagle3": "eagle3", "gemma4-assistant": "assistant"}.get(self.architecture, "")
+
+    @property
     def words(self) -> str:
         """One line: 'qwen35moe: hybrid (recurrent + attention), mixture of 256 experts (8 per token)'."""
         kind = {
