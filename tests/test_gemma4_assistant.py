@@ -193,3 +193,13 @@ def test_the_assistant_stays_in_step_across_rejections_cancels_and_new_requests(
         seen = _rounds(eng.generate(turn, greedy))
     with Engine(_load(pair)) as fresh:
         assert _rounds(fresh.generate(turn, greedy)) == seen
+
+
+def test_the_engine_reports_the_assistant_as_its_draft(pair: AssistantPair) -> None:
+    """The app and the server read a loaded draft from the engine's info: a head is one."""
+    with Engine(
+        LoadSettings(target=str(pair.target), draft=str(pair.assistant), n_ctx=256, n_threads=1)
+    ) as eng:
+        info = eng.info()
+    assert info.draft is not None and info.draft.architecture == "gemma4-assistant"
+    assert info.size_bytes == info.target.size_bytes + info.draft.size_bytes

@@ -387,8 +387,8 @@ class Engine:
     def info(self) -> EngineInfo:
         """What is loaded, where, and how big (for the CLI, the status bar and bug reports)."""
         draft = None
-        if self.draft is not None and self._draft_ctx is not None:
-            draft = model_info(self.draft, self._draft_ctx, self.draft_memory)
+        if self.draft is not None:  # a head (EAGLE-3, an assistant) has no context of its own: the target's
+            draft = model_info(self.draft, self._draft_ctx or self._target_ctx, self.draft_memory)
         return EngineInfo(
             backend=backend_name(),
             devices=tuple(devices()),
