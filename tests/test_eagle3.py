@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-from sampled_law import assert_same_first_tokens_law
+from sampled_law import assert_same_first_tokens_law, assert_stays_in_step
 
 from app.engine.engine import Engine
 from app.engine.errors import IncompatibleDraftError
@@ -104,27 +104,8 @@ def test_sampled_output_with_the_head_follows_plain_sampling(engine: Engine) -> 
     assert_same_first_tokens_law(engine, engine.tokenize(PROMPTS[2]), "speculative")
 
 
-def _rounds(events) -> list[tuple[int, int, tuple[int, ...]]]:
-    return [(e.n_drafted, e.n_accepted, e.tokens) for e in events if isinstance(e, Step)]
-
-
 def test_the_head_stays_in_step_across_rejections_cancels_and_new_requests(pair: HeadPair) -> None:
     """After replies with rejections, a cancelled reply and a regenerated one, the head drafts a new
     turn exactly as a freshly loaded engine does: its memory held only confirmed pairs."""
     load = LoadSettings(target=str(pair.target), draft=str(pair.head), n_ctx=1024, n_threads=1)
-    greedy = _settings("speculative", max_tokens=32, n_max=4, adaptive=False)
-    with Engine(load) as eng:
-        first = eng.tokenize(PROMPTS[0])
-        reply = eng.run(first, greedy)
-        assert reply.stats.n_accepted < reply.stats.n_drafted  # rejections happened
-        stream = eng.generate(eng.tokenize(PROMPTS[1]), greedy)
-        for event in stream:
-            if isinstance(event, Step):
-                break
-        stream.close()  # cancelled after one round
-        again = eng.run(first, greedy)  # regenerated: the same reply
-        assert again.tokens == reply.tokens
-        turn = [*first, *reply.tokens, *eng.tokenize(" and then")]
-        seen = _rounds(eng.generate(turn, greedy))
-    with Engine(load) as fresh:
-        assert _rounds(fresh.generate(turn, greedy)) == seen
+    assert_stays_in_step(load, _settings("speculative", max_tokens=32, n_max=4, adaptive=False), PROMPTS)

@@ -12,7 +12,7 @@ from pathlib import Path
 import llama_cpp
 import pytest
 from llama_cpp import llama_cpp_ext
-from sampled_law import assert_same_first_tokens_law
+from sampled_law import assert_same_first_tokens_law, assert_stays_in_step
 
 from app.engine.engine import Engine
 from app.engine.errors import EngineError
@@ -108,30 +108,17 @@ def test_sampled_mtp_output_follows_plain_sampling(engine: Engine) -> None:
     assert_same_first_tokens_law(engine, engine.tokenize(PROMPTS[2]), "mtp")
 
 
-def _rounds(events) -> list[tuple[int, int, tuple[int, ...]]]:
-    return [(e.n_drafted, e.n_accepted, e.tokens) for e in events if isinstance(e, Step)]
-
-
 def test_the_head_stays_in_step_across_rejections_cancels_and_new_requests(mtp_target: Path) -> None:
     """After replies with rejections, a cancelled reply and a regenerated one, the head drafts a new
     turn exactly as a freshly loaded engine does: its memory held only confirmed pairs."""
-    greedy = GenerationSettings(mode="mtp", max_tokens=32, n_max=4, adaptive=False)
-    with Engine(LoadSettings(target=str(mtp_target), n_ctx=1024, n_threads=1)) as eng:
-        first = eng.tokenize(PROMPTS[0])
-        reply = eng.run(first, greedy)
-        assert reply.stats.n_accepted < reply.stats.n_drafted  # rejections happened
-        stream = eng.generate(eng.tokenize(PROMPTS[1]), greedy)
-        for event in stream:
-            if isinstance(event, Step):
-                break
-        stream.close()  # cancelled after one round
-        again = eng.run(first, greedy)  # regenerated: the same reply
-        assert again.tokens == reply.tokens
-        turn = [*first, *reply.tokens, *eng.tokenize(" and then")]
-        seen = _rounds(eng.generate(turn, greedy))
+
+    def paired(eng: Engine) -> None:
         assert eng._mtp_drafter is not None and eng._mtp_drafter.unpaired == 0
-    with Engine(LoadSettings(target=str(mtp_target), n_ctx=1024, n_threads=1)) as fresh:
-        assert _rounds(fresh.generate(turn, greedy)) == seen
+
+    greedy = GenerationSettings(mode="mtp", max_tokens=32, n_max=4, adaptive=False)
+    assert_stays_in_step(
+        LoadSettings(target=str(mtp_target), n_ctx=1024, n_threads=1), greedy, PROMPTS, paired
+    )
 
 
 def test_mtp_mode_on_a_model_without_heads_says_so(tiny_pair) -> None:
