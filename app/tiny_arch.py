@@ -32,7 +32,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType, TokenType
 from gguf.quants import quant_shape_to_byte_shape, quantize
 
-from app.tiny_gguf import CHATML_TEMPLATE, PRE_TOKENIZER, build_tokenizer
+from app.tiny_gguf import CHATML_TEMPLATE, PRE_TOKENIZER, add_hparams, build_tokenizer
 from app.tiny_quants import q4_k_m_type, random_blocks
 from app.tiny_shapes import DEFAULT_NOISE, DEFAULT_SHAPES, DENSE_2B_SHAPE, QWEN35_0_8B_SHAPE, QWEN35_2B_SHAPE
 
@@ -362,14 +362,7 @@ def write_tiny_model(
     writer.add_name(name or f"tiny-{arch}")
     writer.add_file_type(_FILE_TYPES[quant])
     writer.add_vocab_size(s["n_vocab"])
-    for key, value in kv.items():
-        full = f"{arch}.{key}"
-        if isinstance(value, list):
-            writer.add_array(full, value)
-        elif isinstance(value, float):
-            writer.add_float32(full, value)
-        else:
-            writer.add_uint32(full, int(value))
+    add_hparams(writer, arch, kv)
 
     tok = build_tokenizer("a")
     tokens, types = list(tok.tokens), list(tok.types)

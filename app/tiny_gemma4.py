@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFWriter, LlamaFileType
 
-from app.tiny_gguf import CHATML_TEMPLATE, add_tokenizer, build_tokenizer
+from app.tiny_gguf import CHATML_TEMPLATE, add_hparams, add_tokenizer, build_tokenizer
 
 HEAD_DIM = 16
 N_HEAD, N_HEAD_KV = 4, 2
@@ -38,14 +38,7 @@ def _writer(path: Path, arch: str, name: str, kv: dict[str, object], n_vocab: in
     writer.add_name(name)
     writer.add_file_type(LlamaFileType.ALL_F32)
     writer.add_vocab_size(n_vocab)
-    for key, value in kv.items():
-        full = f"{arch}.{key}"
-        if isinstance(value, list):
-            writer.add_array(full, value)
-        elif isinstance(value, float):
-            writer.add_float32(full, value)
-        else:
-            writer.add_uint32(full, int(value))  # type: ignore[call-overload]
+    add_hparams(writer, arch, kv)
     return writer
 
 

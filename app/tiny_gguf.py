@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import pairwise
 from pathlib import Path
 from typing import Literal
@@ -323,6 +323,18 @@ def add_tokenizer(writer: GGUFWriter, tok: TinyTokenizer) -> None:
     writer.add_eot_token_id(tok.eos_id)
     writer.add_pad_token_id(tok.bos_id)
     writer.add_add_bos_token(False)
+
+
+def add_hparams(writer: GGUFWriter, arch: str, kv: Mapping[str, object]) -> None:
+    """Write ``{arch}.{key}`` hyperparameters: lists as arrays, floats as f32, the rest as u32."""
+    for key, value in kv.items():
+        full = f"{arch}.{key}"
+        if isinstance(value, list):
+            writer.add_array(full, value)
+        elif isinstance(value, float):
+            writer.add_float32(full, value)
+        else:
+            writer.add_uint32(full, int(value))  # type: ignore[call-overload]
 
 
 def write_tiny_llama(
