@@ -136,7 +136,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         work = [(rep, row) for rep in range(args.repeats) for row in prompts]
         for i, (rep, row) in enumerate(work):
             ids = engine.chat_prompt([{"role": "user", "content": row["prompt"]}])
-            order = balanced_order([*modes, *(LCPP_MODES if args.llama_cpp else [])], i + args.shift)
+            # each prompt on the next row, and one row further in each repeat: with as many prompts as
+            # rows (or a multiple), the prompt's index alone would give it the same order every repeat
+            place_row = i % len(prompts) + rep + args.shift
+            order = balanced_order([*modes, *(LCPP_MODES if args.llama_cpp else [])], place_row)
             plain_tokens = None
             runs = {}
             for m in order:

@@ -65,6 +65,21 @@ def test_bench_runs_every_mode_and_combine_reports_medians(tiny_pair, tmp_path, 
     assert "Per prompt: each prompt's pair of replies" in report
 
 
+def test_repeats_run_each_prompt_in_another_order(tiny_pair, tmp_path) -> None:
+    """With as many prompts as orders of the modes, a repeat still moves every prompt to another order
+    (the prompt's place in the run alone would repeat its order: any carry-over would land on the same
+    mode in every repeat)."""
+    args = bench_args(tiny_pair, tmp_path, "r.json")
+    rows = [{"id": f"p{i}", "category": "chat", "prompt": f"The quick brown fox {i}"} for i in range(4)]
+    args.prompts.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    args.modes, args.max_tokens, args.repeats = "plain,lookup", 4, 2
+    assert bench_run.main(args) == 0
+    runs = json.loads((tmp_path / "r.json").read_text())["runs"]
+    place = {(r["id"], r["repeat"], r["mode"]): r["position"] for r in runs}
+    for i in range(4):
+        assert place[(f"p{i}", 0, "plain")] != place[(f"p{i}", 1, "plain")]
+
+
 @pytest.mark.parametrize("n", [2, 3, 4, 5, 6, 7])
 def test_balanced_orders_put_every_mode_in_every_place_and_after_every_other_mode(n) -> None:
     """A rotation would always run auto right after lookup; a Williams design spreads any carry-over."""
