@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from test_registry_catalog_drafts import EAGLE3, catalog, one_layer
 from test_ui_models import WAIT, make_panel, no_threads_left  # noqa: F401 (fixtures)
 
 from app.tiny_arch import write_tiny_model
 from app.tiny_gguf import write_tiny_llama
-from models_registry.catalog import default_catalog
+from models_registry.catalog import default_catalog, loads_catalog
 
 
 def _offered(ch) -> list[tuple[str, str]]:
@@ -49,7 +50,27 @@ def test_the_draft_picker_offers_own_mtp_layers_and_heads_of_the_target_only(mak
     assert _offered(ch)[0] == ("mtp", "")
     ch.set_target("hf://unsloth/Qwen3.6-27B-GGUF/Qwen3.6-27B-Q4_K_M.gguf")
     assert ("mtp", "") not in _offered(ch)
+    ch.set_target("hf://unsloth/Qwen3.5-9B-MTP-GGUF/Qwen3.5-9B-Q8_0.gguf")
+    assert _offered(ch) == [("mtp", ""), ("model", "qwen3.5-0.8b")]
+    # a local file known by its name alone is the plain entry's (docs/models.md)
+    ch.set_target("/models/Qwen3.5-9B-Q8_0.gguf")
+    assert _offered(ch) == [("model", "qwen3.5-0.8b")]
     ch.set_target("/nowhere/unknown.gguf")
+    assert not ch.draft_picker.isVisibleTo(ch)
+
+
+def test_the_draft_picker_offers_an_eagle3_head_for_its_target_only(make_panel) -> None:  # noqa: F811
+    text = catalog(("big", "asst"), ("big", "small"), ("other", "small"), head=EAGLE3, head_arch="eagle3",
+                   other="llama")  # fmt: skip
+    ch = make_panel(catalog=loads_catalog(one_layer(text, "asst"))).chooser
+    ch.set_target("big")
+    assert _offered(ch) == [("eagle3", "asst"), ("model", "small")]
+    assert "an EAGLE-3 head" in ch.draft_picker.itemText(1)
+    _pick(ch, "eagle3")
+    assert ch.draft_edit.text() == "asst"
+    ch.set_target("other")
+    assert _offered(ch) == [("model", "small")]
+    ch.set_target("asst")  # a head is no target: nothing to offer
     assert not ch.draft_picker.isVisibleTo(ch)
 
 
