@@ -2,7 +2,8 @@
 
 The recorded replies (``bench/recorded/*.replies.json.gz``: the target's confidences and the draft's
 greedy predictions are in them) are replayed with each cost table: the AMD EPYC's, this Intel Xeon's
-(``bench/recorded/xeon-costs.json``) and a laptop GPU's (synthesized, not measured: a verify batch
+(``bench/recorded/xeon-costs.json``, and ``xeon-costs-2026-11-27.json`` measured later, when a draft
+model round cost about 3 decode steps) and a laptop GPU's (synthesized, not measured: a verify batch
 costs about one decode step up to 16 tokens, ``bench.replay_history.gpu_ratios``; a 0.5B draft's step
 0.15 of a 7B target's, ``bench.gpu_check.ASSUMED_DRAFT``). For each table and category it prints
 the best fixed setting (plain, speculative at draft lengths 1-8, lookup), auto mode's speedup over
@@ -27,6 +28,9 @@ from bench.replay import Result, TableCosts, orders, replay_auto, replay_setting
 
 RECORDED = Path(__file__).with_name("recorded")
 XEON_COSTS = RECORDED / "xeon-costs.json"
+# the same VM measured again later, when its verify batches and the draft's catch-ups cost more: a
+# draft model round about 3 decode steps, at break-even on prose (where decisions are closest)
+XEON_LATER = RECORDED / "xeon-costs-2026-11-27.json"
 
 
 def tables() -> dict[str, tuple[list[float], list[float], str]]:
@@ -39,6 +43,9 @@ def tables() -> dict[str, tuple[list[float], list[float], str]]:
     if XEON_COSTS.exists():
         xeon = json.loads(XEON_COSTS.read_text(encoding="utf-8"))
         out["xeon"] = (xeon["ratios"], xeon["draft_ratios"], xeon["measured"])
+    if XEON_LATER.exists():
+        later = json.loads(XEON_LATER.read_text(encoding="utf-8"))
+        out["xeon-later"] = (later["ratios"], later["draft_ratios"], later["measured"])
     out["gpu"] = (gpu_ratios(), list(ASSUMED_DRAFT), "a laptop GPU, synthesized (no GPU measured)")
     return out
 
@@ -84,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.replay_tables", description=__doc__)
     p.add_argument("--orders", type=int, default=3, help="auto mode replayed in this many orders")
     p.add_argument("--within", type=float, default=0.05, help="auto's allowed shortfall to the best fixed")
-    p.add_argument("--tables", default="", help="only these tables (comma-separated: epyc, xeon, gpu)")
+    p.add_argument(
+        "--tables", default="", help="only these tables (comma-separated: epyc, xeon, xeon-later, gpu)"
+    )
     p.add_argument("--sets", default="", help="only these recorded sets (single-turn, multi-turn)")
     p.add_argument("--json", type=Path, help="write the figures here")
     args = p.parse_args(argv)
