@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import time
@@ -482,74 +481,6 @@ def best_fixed_table(summary: dict[str, dict[str, dict[str, Any]]], mode: str = 
     return "\n".join(lines)
 
 
-def peak_rss(args: argparse.Namespace) -> dict[str, float]:
-    """Peak RSS (MB) of a process that loads the target alone and generates plainly, and of one
-    that loads the pair and generates speculatively (n_max 5), on the first prompt."""
-    prompts = load_prompts(args.prompts, 1, args.categories)
-    out = {}
-    for name, draft, mode in (("plain", None, "plain"), ("speculative", args.draft, "speculative")):
-        if mode == "speculative" and not args.draft:
-            continue
-        cmd = [
-            sys.executable,
-            "-m",
-            "bench.run",
-            "--rss-child",
-            "--target",
-            args.target,
-            "--mode",
-            mode,
-            "--max-tokens",
-            str(args.max_tokens),
-            "--ctx",
-            str(args.ctx),
-            "--prompt",
-            prompts[0]["prompt"],
-        ]
-        if draft:
-            cmd += ["--draft", draft]
-        if args.threads:
-            cmd += ["--threads", str(args.threads)]
-        res = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, check=True)
-        out[name] = float(res.stdout.strip().splitlines()[-1])
-    if args.draft:
-        out["draft_file_mb"] = os.path.getsize(args.draft) / 1e6
-        out["budget_mb"] = out["plain"] + out["draft_file_mb"] + 300
-    return out
-
-
-def rss_child(argv: list[str]) -> None:
-    from app.engine.engine import Engine, GenerationSettings, LoadSettings
-
-    p = argparse.ArgumentParser()
-    p.add_argument("--rss-child", action="store_true")
-    p.add_argument("--target")
-    p.add_argument("--draft")
-    p.add_argument("--mode")
-    p.add_argument("--max-tokens", type=int)
-    p.add_argument("--ctx", type=int)
-    p.add_argument("--threads", type=int)
-    p.add_argument("--prompt")
-    a = p.parse_args(argv)
-    with Engine(LoadSettings(target=a.target, draft=a.draft, n_ctx=a.ctx, n_threads=a.threads)) as eng:
-        ids = eng.chat_prompt([{"role": "user", "content": a.prompt}])
-        eng.run(ids, GenerationSettings(mode=a.mode, max_tokens=a.max_tokens, n_max=5, adaptive=False))
-    print(peak_rss_mb())
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident set, MiB. On Linux from VmHWM: ``ru_maxrss`` also counts the
-    memory of the parent this process was forked from (the kernel keeps it across exec)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024  # kB -> MiB
-    except OSError:
-        pass
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # bytes on macOS, KiB elsewhere
-
-
 def main(args: argparse.Namespace) -> int:
     args.out = args.out or REPO / "bench" / "results" / time.strftime("bench-%Y%m%d-%H%M%S.json")
     data = run(args)
@@ -562,6 +493,8 @@ def main(args: argparse.Namespace) -> int:
             print(f"\n{mode} against the best fixed setting of the run, per category:\n")
             print(best_fixed_table(data["summary"], mode))
     if not args.no_rss:
+        from bench.rss import peak_rss
+
         data["peak_rss_mb"] = peak_rss(args)
         print("peak RSS (MB):", json.dumps({k: round(v) for k, v in data["peak_rss_mb"].items()}))
     m = data["machine"]
@@ -572,9 +505,6 @@ def main(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    if "--rss-child" in sys.argv:
-        rss_child(sys.argv[1:])
-    else:
-        parser = argparse.ArgumentParser(prog="tandem bench", description=__doc__)
-        add_arguments(parser)
-        sys.exit(main(parser.parse_args()))
+    parser = argparse.ArgumentParser(prog="tandem bench", description=__doc__)
+    add_arguments(parser)
+    sys.exit(main(parser.parse_args()))

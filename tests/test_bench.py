@@ -148,7 +148,7 @@ def test_peak_rss_of_a_child_does_not_count_its_parent() -> None:
 
     big = bytearray(400 * 2**20)
     big[::4096] = b"\x01" * len(big[::4096])  # touch every page
-    code = "from bench.run import peak_rss_mb; print(peak_rss_mb())"
+    code = "from bench.rss import peak_rss_mb; print(peak_rss_mb())"
     repo = Path(bench_run.__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo, check=True)
     assert float(out.stdout) < 200, out.stdout
