@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType, TokenType
+from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType
 from gguf.quants import quant_shape_to_byte_shape, quantize
 
-from app.tiny_gguf import CHATML_TEMPLATE, PRE_TOKENIZER, add_hparams, build_tokenizer
+from app.tiny_gguf import CHATML_TEMPLATE, add_hparams, add_tokenizer, build_tokenizer
 from app.tiny_quants import q4_k_m_type, random_blocks
 from app.tiny_shapes import DEFAULT_NOISE, DEFAULT_SHAPES, DENSE_2B_SHAPE, QWEN35_0_8B_SHAPE, QWEN35_2B_SHAPE
 
@@ -364,22 +364,7 @@ def write_tiny_model(
     writer.add_vocab_size(s["n_vocab"])
     add_hparams(writer, arch, kv)
 
-    tok = build_tokenizer("a")
-    tokens, types = list(tok.tokens), list(tok.types)
-    if s["n_vocab"] < tok.n_vocab:
-        raise ValueError(f"n_vocab {s['n_vocab']} is below the tokenizer's {tok.n_vocab} tokens")
-    tokens += [f"<pad{i}>" for i in range(s["n_vocab"] - tok.n_vocab)]
-    types += [int(TokenType.NORMAL)] * (s["n_vocab"] - tok.n_vocab)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(PRE_TOKENIZER)
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    writer.add_token_merges(list(tok.merges))
-    writer.add_bos_token_id(tok.bos_id)
-    writer.add_eos_token_id(tok.eos_id)
-    writer.add_eot_token_id(tok.eos_id)
-    writer.add_pad_token_id(tok.bos_id)
-    writer.add_add_bos_token(False)
+    add_tokenizer(writer, build_tokenizer("a"), s["n_vocab"])
     writer.add_chat_template(CHATML_TEMPLATE)
 
     # Tensor infos first, data afterwards one tensor at a time: a big model never sits in memory whole.

@@ -311,12 +311,17 @@ def _weights(
     return w
 
 
-def add_tokenizer(writer: GGUFWriter, tok: TinyTokenizer) -> None:
-    """Write ``tok`` as a GGUF's tokenizer (GPT-2 BPE with Qwen2's pre-tokenizer, no BOS added)."""
+def add_tokenizer(writer: GGUFWriter, tok: TinyTokenizer, n_vocab: int | None = None) -> None:
+    """Write ``tok`` as a GGUF's tokenizer (GPT-2 BPE with Qwen2's pre-tokenizer, no BOS added),
+    padded with unused tokens to ``n_vocab`` where the model's vocabulary is larger."""
+    n_vocab = tok.n_vocab if n_vocab is None else n_vocab
+    if n_vocab < tok.n_vocab:
+        raise ValueError(f"n_vocab {n_vocab} is below the tokenizer's {tok.n_vocab} tokens")
+    pad = n_vocab - tok.n_vocab
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(PRE_TOKENIZER)
-    writer.add_token_list(list(tok.tokens))
-    writer.add_token_types(list(tok.types))
+    writer.add_token_list([*tok.tokens, *(f"<pad{i}>" for i in range(pad))])
+    writer.add_token_types([*tok.types, *[int(TokenType.NORMAL)] * pad])
     writer.add_token_merges(list(tok.merges))
     writer.add_bos_token_id(tok.bos_id)
     writer.add_eos_token_id(tok.eos_id)
