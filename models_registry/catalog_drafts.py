@@ -31,7 +31,8 @@ def mtp_words(n: int) -> str:
 
 
 def check_heads(models: Mapping[str, CatalogModel]) -> None:
-    """Every head's targets are catalog models that are not heads (ValueError naming the head)."""
+    """Every head's targets are catalog models that are not heads, and an EAGLE-3 head has one layer
+    (ValueError naming the head)."""
     for m in models.values():
         for tid in m.drafts_for:
             t = models.get(tid)
@@ -42,6 +43,8 @@ def check_heads(models: Mapping[str, CatalogModel]) -> None:
             if m.draft_kind == "assistant" and t.architecture != "gemma4":
                 why = f"a Gemma 4 assistant drafts for a gemma4 model, not {tid!r}"
                 raise ValueError(f"model {m.id!r}: {why}")
+        if m.draft_kind == "eagle3" and m.n_layers != 1:  # llama.cpp loads an EAGLE-3 head of one layer
+            raise ValueError(f"model {m.id!r}: an EAGLE-3 head has one layer, not {m.n_layers}")
 
 
 def check_pair_draft(target: CatalogModel, draft: CatalogModel) -> None:

@@ -94,7 +94,11 @@ def test_an_eagle3_head_loads_fits_and_is_offered_for_its_target_only() -> None:
     assert [(o.kind, o.draft) for o in cat.draft_options("other")] == [("model", "small")]
     assert cat.draft_options("asst") == ()
     with pytest.raises(CatalogError, match="an EAGLE-3 head trained for big, not for 'other'"):
-        loads_catalog(catalog(("other", "asst"), head=EAGLE3, head_arch="eagle3", other="llama"))
+        loads_catalog(
+            one_layer(catalog(("other", "asst"), head=EAGLE3, head_arch="eagle3", other="llama"), "asst")
+        )
+    with pytest.raises(CatalogError, match="an EAGLE-3 head has one layer, not 2"):
+        loads_catalog(catalog(head=EAGLE3, head_arch="eagle3"))
 
 
 @pytest.mark.parametrize(
