@@ -208,12 +208,12 @@ def _replay(
             batch = 1 + len(prop.tokens)
             verify = costs.verify(batch)
             drafting = prop.t_sync + prop.t_steps + len(prop.tokens) * STEP * DRAFT_PYTHON
-            seconds = verify + (drafting if prop.source is Source.MODEL and prop.tokens else 0.0)
+            # a draft cut to nothing before verifying (see ModelRounds._worth_verifying) was still made
+            seconds = verify + (drafting if prop.source is Source.MODEL else 0.0)
             new = a + 1
             if observe is not None:
                 sure = tuple(r.confidence[max(pos, pos + new - CONFIDENCE_WINDOW) : pos + new])
-                source = prop.source if prop.tokens else Source.NONE
-                observe(prop, Outcome(source, len(prop.tokens), a, batch, verify, seconds, sure))
+                observe(prop, Outcome(prop.source, len(prop.tokens), a, batch, verify, seconds, sure))
             cost += seconds / STEP
             pos += new
         n, c = out.get(r.category, (0, 0.0))

@@ -725,6 +725,29 @@ def test_a_draft_is_verified_only_as_far_as_verifying_it_pays() -> None:
     assert len(sure.propose(text, 6, None, None).tokens) >= 2  # type: ignore[arg-type]
 
 
+def test_a_draft_cut_to_nothing_is_judged_by_the_token_the_target_chose_and_counts_as_its_round() -> None:
+    """The cut token's fate is known a round later (the target decoded that position plainly): it is
+    evidence for the class and the draft's calibration, and the round (its drafting spent) is one of
+    the model's rounds, not a plain one."""
+    text = list(range(200, 260))  # no n-gram repeats: prompt lookup has nothing to offer
+    for target_token, hit in ((7, 1.0), (8, 0.0)):  # SureDraft drafts token 7
+        auto = AutoDrafter(SureDraft(confidence=0.2), LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
+        auto.begin(text)
+        for _ in range(3):
+            auto.observe(EMPTY, Outcome(Source.NONE, 0, 0, 1, 0.1, 0.1, confidence=(1.0,)))
+        cls = model_class(auto.target_confidence)
+        prop = auto.propose(text, 6, None, None)  # type: ignore[arg-type]
+        assert not prop.tokens and prop.source is Source.MODEL and auto.rounds.cut
+        auto.observe(prop, Outcome(Source.MODEL, 0, 0, 1, 0.1, 0.13, confidence=(1.0,)))
+        assert auto.evidence.realized[(Source.MODEL, cls)].n == 1
+        pooled = auto.evidence.pooled(Source.MODEL, cls)
+        calibration = auto.evidence.calibration[Source.MODEL]
+        trials, bin_trials = pooled.trials[0], calibration.bin_trials[2]
+        auto.propose([*text, target_token], 6, None, None)  # type: ignore[arg-type]
+        assert pooled.trials[0] == trials + 1 and pooled.hits[0] == pytest.approx(hit)
+        assert calibration.bin_trials[2] == bin_trials + 1 and calibration.bin_hits[2] == pytest.approx(hit)
+
+
 def test_model_drafts_on_past_a_costly_batch_size_when_cheaper_ones_follow() -> None:
     """On a CPU a batch of 4 can cost what a batch of 3 does: judge the whole draft, not one step."""
 

@@ -228,6 +228,22 @@ def test_replay_models_the_draft_model_from_its_predictions_along_the_reply() ->
         draft.start(Reply("x", "chat", [1], tokens, [0.5] * 90))
 
 
+def test_replay_charges_a_draft_cut_to_nothing_and_learns_from_its_token() -> None:
+    """A draft made and then not verified (too unsure to be worth a batch) cost its drafting, as it
+    does live; its cut token is judged by the reply, so a draft whose doubts are unfounded is
+    learned to be right and drafts on."""
+    from bench.replay import Reply, TableCosts, replay_auto_replies
+
+    tokens = list(range(500, 590))
+    costs = TableCosts([1.0, 1.45, 1.8, 2.1, 2.4], [0.4, 0.45, 0.5])
+    wrong = Reply("w", "chat", [1, 2, 3, 4], tokens, [0.999] * 90, tuple(t + 1 for t in tokens), (0.05,) * 90)
+    right = Reply("r", "chat", [1, 2, 3, 4], tokens, [0.999] * 90, tuple(tokens), (0.05,) * 90)
+    _, per = replay_auto_replies([wrong], costs, max_tokens=96, model=True)
+    assert 0.95 < per["w"] < 1.0  # cut at once, charged, and then left alone
+    _, per = replay_auto_replies([right], costs, max_tokens=96, model=True)
+    assert per["r"] > 1.1
+
+
 def test_replay_reads_a_bench_run_and_prints_its_table(tiny_pair, tmp_path, capsys) -> None:
     from bench import replay
 

@@ -74,6 +74,18 @@ class Acceptance:
                 self.bin_hits[b] += ok
                 self.bin_trials[b] += 1
 
+    def judge(self, i: int, ok: bool, confidence: float) -> None:
+        """One more judged token at position ``i`` (one the round did not verify: see
+        :meth:`~.model_rounds.ModelRounds.judge_cut`), without fading the rest."""
+        if i >= len(self.hits):
+            return
+        self._overall = None
+        self.hits[i] += ok
+        self.trials[i] += 1
+        b = min(int(confidence * self.BINS), self.BINS - 1)
+        self.bin_hits[b] += ok
+        self.bin_trials[b] += 1
+
     def state(self) -> dict[str, list[float]]:
         """The evidence, for :class:`~app.engine.auto.memory.AutoMemory`."""
         arrays = ("hits", "trials", "bin_hits", "bin_trials")
@@ -158,6 +170,12 @@ class ReplyAcceptance:
             self.trials[i] += 1
             if i > self._deepest and self.trials[i] >= BORROW_TRIALS:
                 self._deepest = i
+
+    def judge(self, i: int, ok: bool) -> None:
+        """One more judged token at position ``i`` (see :meth:`Acceptance.judge`)."""
+        if i < len(self.hits):
+            self.hits[i] += ok
+            self.trials[i] += 1
 
     def overall(self) -> float:
         prior = self.pooled.overall()

@@ -161,6 +161,8 @@ class AutoDrafter:
         self.evidence.sure = int(model_class(self.target_confidence) == len(MODEL_CLASSES) - 1)
         self.copies.breaks.check(tokens)
         self.copies.follow(tokens)
+        for rounds in self.predictors:
+            rounds.judge_cut(tokens)
         room = min(k, self.lookup_max)
         if grammar is None:
             found = self.lookup.propose(tokens, room, params, rng)
@@ -203,7 +205,7 @@ class AutoDrafter:
         kind: Kind = PLAIN
         if proposal.tokens and proposal.source in COPIERS:
             kind = self.copies.round[0]
-        elif proposal.tokens and rounds is not None:
+        elif rounds is not None and (proposal.tokens or rounds.cut):  # a cut round: the model's too
             kind = rounds.kind()
         seconds, charged = outcome.t_round, 0.0
         if proposal.n_sync > 2 and rounds is not None:  # the round's share of catching up, as planned

@@ -76,6 +76,9 @@ class ModelRounds:
         self.since = 0  # rounds since the model last drafted
         self.probing = False
         self.cut = False  # this round's draft was made and then not verified at all (see _worth_verifying)
+        # the first token cut from the last draft, judged once the text reaches it: (where the draft
+        # started in the text, the draft through that token, its confidence, the class)
+        self._unjudged: tuple[int, tuple[int, ...], float, int] | None = None
         # A reply tries the draft in its first rounds where the estimate alone would not (see
         # :meth:`_hopeful`): while every draft so far was accepted in full, and then while what its
         # rounds delivered beats plain rounds.
@@ -199,10 +202,10 @@ class ModelRounds:
             prop = self.model.propose(tokens, room, params, rng, keep_going=keep_going)
         else:
             prop = self.model.propose(tokens, room, params, rng, keep_going=keep_going, grammar=grammar)
-        prop = self._worth_verifying(prop)
+        prop = self._worth_verifying(prop, len(tokens))
         return replace(prop, decision=replace(decision, k=plan.k), t=time.perf_counter() - t0)
 
-    def _worth_verifying(self, prop: Proposal) -> Proposal:
+    def _worth_verifying(self, prop: Proposal, start: int) -> Proposal:
         """The prefix of a draft worth verifying: what drafting it cost is spent, so only as many of its
         tokens go to the target as deliver the most tokens per second of verifying, by the draft's
         calibrated confidence in each; none where a plain step delivers more. On a CPU a batch of 2
@@ -226,7 +229,25 @@ class ModelRounds:
         if best == len(prop.tokens):
             return prop
         self.cut = best == 0
+        self._unjudged = (start, prop.tokens[: best + 1], prop.confidence[best], self.cls)
         return replace(prop, tokens=prop.tokens[:best], q=prop.q[:best], confidence=prop.confidence[:best])
+
+    def judge_cut(self, tokens: Sequence[int]) -> None:
+        """Judge the first token cut from the last draft against the text that came (the target's
+        own token in its place is known once the verified part of the draft was accepted): without
+        it the draft's unsure tokens are never judged, and a class whose drafts keep being cut learns
+        nothing from them."""
+        pending, self._unjudged = self._unjudged, None
+        if pending is None:
+            return
+        start, draft, confidence, cls = pending
+        i = len(draft) - 1
+        if len(tokens) <= start + i or tuple(tokens[start : start + i]) != draft[:i]:
+            return  # the text left the draft before the cut token (or has not reached it)
+        ok = tokens[start + i] == draft[i]
+        self.evidence.calibration[self.source].judge(i, ok, confidence)
+        self.evidence.pooled(self.source, cls).judge(i, ok, confidence)
+        self.evidence.estimate(self.source, cls).judge(i, ok)
 
     def cannot_pay(self, draft_cost: float, limit: int) -> bool:
         """Even a draft that is always right, with nothing to catch up, would not beat plain decoding.
