@@ -746,6 +746,18 @@ def test_a_draft_cut_to_nothing_is_judged_by_the_token_the_target_chose_and_coun
         auto.propose([*text, target_token], 6, None, None)  # type: ignore[arg-type]
         assert pooled.trials[0] == trials + 1 and pooled.hits[0] == pytest.approx(hit)
         assert calibration.bin_trials[2] == bin_trials + 1 and calibration.bin_hits[2] == pytest.approx(hit)
+    # a token cut at the end of a reply is not judged by the next reply's text
+    auto = AutoDrafter(SureDraft(confidence=0.2), LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
+    auto.begin(text)
+    for _ in range(3):
+        auto.observe(EMPTY, Outcome(Source.NONE, 0, 0, 1, 0.1, 0.1, confidence=(1.0,)))
+    auto.propose(text, 6, None, None)  # type: ignore[arg-type]
+    assert auto.rounds.cut
+    auto.observe(EMPTY, Outcome(Source.MODEL, 0, 0, 1, 0.1, 0.13, confidence=(1.0,)))
+    trials = auto.evidence.calibration[Source.MODEL].bin_trials.sum()
+    auto.begin([*text, 7])
+    auto.propose([*text, 7, 7], 6, None, None)  # type: ignore[arg-type]
+    assert auto.evidence.calibration[Source.MODEL].bin_trials.sum() == trials
 
 
 def test_model_drafts_on_past_a_costly_batch_size_when_cheaper_ones_follow() -> None:

@@ -107,6 +107,7 @@ class ModelRounds:
         self.evidence.forget_realized((self.source,))
         self._probe_interval = self.probe_every
         self.trying = True
+        self._unjudged = None  # a token cut at the end of the last reply has no text to be judged by
 
     def in_play(self) -> bool:
         """The draft could pay on this machine at a plausible acceptance: the best its classes have
