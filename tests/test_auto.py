@@ -472,6 +472,26 @@ def test_draft_evaluates_the_prompt_up_front_only_while_it_could_pay() -> None:
     assert draft.evaluate == [True, False]
 
 
+def test_the_losing_guard_weighs_the_rounds_spread() -> None:
+    """Rounds of a kind are losing when they delivered less than plain rounds by more than the noise
+    of a few rounds: a draft at break-even that drew one early rejection goes on; one that falls
+    short every round (by little or by much) stops."""
+
+    def losing(rounds: list[tuple[int, float]]) -> bool:
+        auto = AutoDrafter(RecordingDraft(), LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
+        for seconds in (1.0, 1.02, 0.98, 1.0):
+            auto.evidence.realized[PLAIN].add(1, seconds)
+        for tokens, seconds in rounds:
+            auto.evidence.realized[(Source.MODEL, 1)].add(tokens, seconds)
+        return auto.evidence.losing((Source.MODEL, 1))
+
+    assert not losing([(4, 3.0), (3, 3.0), (1, 3.0)])  # 0.89 of plain, within the rounds' spread
+    assert losing([(2, 3.0), (2, 3.1), (2, 2.9)])  # 0.67 of plain every round
+    assert losing([(1, 3.0), (1, 3.0), (1, 3.0)])  # never right
+    assert not losing([(4, 3.0), (4, 3.0)])  # too few rounds to judge
+    assert not losing([(4, 3.0), (3, 3.0), (4, 3.0)])  # winning
+
+
 def test_probe_rounds_are_not_judged_and_a_good_probe_clears_the_guard() -> None:
     from app.engine.drafting import Proposal
 

@@ -255,6 +255,17 @@ class Realized:
         seconds = sum(s for _, s in self.rounds)
         return sum(n for n, _ in self.rounds) / seconds if seconds else 0.0
 
+    def error(self) -> float:
+        """The standard error of :meth:`rate`, from the rounds' spread about it (a ratio of sums:
+        rounds that deliver 1-4 tokens, timed on a shared machine, make a few rounds' rate noisy)."""
+        k = len(self.rounds)
+        seconds = sum(s for _, s in self.rounds)
+        if k < 2 or seconds <= 0:
+            return float("inf")
+        r = self.rate()
+        spread = sum((n - r * s) ** 2 for n, s in self.rounds) / (k - 1)
+        return (spread / k) ** 0.5 / (seconds / k)
+
 
 class Optimistic:
     """A :class:`MeasuredCosts` read at each batch size's (and the draft's) lowest recent timing.

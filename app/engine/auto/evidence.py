@@ -11,12 +11,19 @@ that copy text, judged by the match they copied after).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
 from app.engine.auto.acceptance import Acceptance, ReplyAcceptance
 from app.engine.auto.costs import Realized
-from app.engine.auto.priors import LOOKUP_CLASSES, MODEL_CLASSES, REPLY_WEIGHT, RESUME_PRIOR
+from app.engine.auto.priors import (
+    LOOKUP_CLASSES,
+    LOSING_ERRORS,
+    MODEL_CLASSES,
+    REPLY_WEIGHT,
+    RESUME_PRIOR,
+)
 from app.engine.events import Source
 
 Kind = tuple[Source, int]  # a source and its class of situation
@@ -94,9 +101,15 @@ class Evidence:
         return est
 
     def losing(self, kind: Kind) -> bool:
-        """Recent rounds of ``kind`` delivered fewer tokens/s than plain rounds did."""
+        """Recent rounds of ``kind`` delivered fewer tokens/s than plain rounds did, by more than
+        ``LOSING_ERRORS`` standard errors of the difference: a draft at break-even is not stopped by
+        a round that drew a rejection or a busy moment, and one that fails every round still is
+        (its rounds' rate has no spread)."""
         mine, plain = self.realized[kind], self.realized[PLAIN]
-        return mine.n >= 3 and plain.n >= 3 and mine.rate() < plain.rate()
+        if mine.n < 3 or plain.n < 3:
+            return False
+        gap = plain.rate() - mine.rate()
+        return gap > 0 and gap > LOSING_ERRORS * math.hypot(mine.error(), plain.error())
 
     def measured(self, kind: Kind) -> float | None:
         """What recent rounds of ``kind`` delivered over plain rounds (None: too few of either)."""

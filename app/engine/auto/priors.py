@@ -65,6 +65,9 @@ REPLY_MIN = 16
 # early rejection must not stop a draft model that pays in most of a reply (a draft's tokens are right
 # or wrong in runs); a copy's class is judged on its own in each reply (a coincidence fails at once).
 REPLY_WEIGHT = (8.0, 4.0)
+# A kind of round is losing (paused for the rest of the reply, until a probe) when its recent rounds
+# delivered fewer tokens/s than plain rounds by more than this many standard errors of the difference.
+LOSING_ERRORS = 1.0
 # Until a catch-up has been timed, the draft evaluates a token of a catch-up batch at this share of a
 # drafted token's cost (a batch shares the weights' reads): measured 16-token batches of the 0.5B
 # draft cost 0.31-0.36 of 16 single steps on the EPYC, 0.19 on the Xeon (docs/benchmarks.md).
