@@ -109,7 +109,7 @@ class Evidence:
         if mine.n < 3 or plain.n < 3:
             return False
         gap = plain.rate() - mine.rate()
-        return gap > 0 and gap > LOSING_ERRORS * math.hypot(mine.error(), plain.error())
+        return gap > LOSING_ERRORS * math.hypot(mine.error(), plain.error())
 
     def measured(self, kind: Kind) -> float | None:
         """What recent rounds of ``kind`` delivered over plain rounds (None: too few of either)."""
