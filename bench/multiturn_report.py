@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bench.modes import MODES, best_fixed
-from bench.run import TIE_GAP
+from bench.run import pooled
 
 
 def mode_label(mode: str, pass_no: int) -> str:
@@ -44,12 +44,6 @@ def summarize(data: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
             groups[(g, label)].append(r)
     out: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
     for (group, label), rs in groups.items():
-        tokens = sum(r["stats"]["n_generated"] for r in rs)
-        t = sum(r["stats"]["t_decode_s"] for r in rs)
-        drafted = sum(r["stats"]["n_drafted"] for r in rs)
-        accepted = sum(r["stats"]["n_accepted"] for r in rs)
-        rounds = sum(r["stats"]["rounds"] for r in rs)
-        llama = sum(r["stats"]["t_llama_s"] for r in rs)
         per_turn: dict[str, list[float]] = defaultdict(list)
         for r in rs:
             base = plain_speed.get((r["id"], r["repeat"], r["pass"]))
@@ -59,25 +53,12 @@ def summarize(data: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
         for r in rs:
             for k, v in r["drafters"].items():
                 drafters[k] += v
-        compared = [r for r in rs if r["same_as_plain"] is not None]
         v: dict[str, Any] = {
-            "tok_s": tokens / t if t else 0.0,
-            "tokens": tokens,
-            "acceptance": accepted / drafted if drafted else 0.0,
-            "tokens_per_round": tokens / rounds if rounds else 0.0,
-            "mean_k": sum(r["mean_k"] for r in rs) / len(rs),
-            "python_share": 1 - llama / t if t else 0.0,
+            **pooled(rs),
             "drafters": dict(drafters),
-            "lossless": sum(bool(r["same_as_plain"]) for r in compared),
-            "ties": sum(r.get("top2_gap_at_difference", 99.0) < TIE_GAP for r in compared),
-            "compared": len(compared),
-            "n": len(rs),
             "turns": len(per_turn),
             "speedup_over_turns": spread([statistics.median(x) for x in per_turn.values()]),
         }
-        bounds = [r["lookup_bound"] for r in rs if r.get("lookup_bound")]
-        if bounds:
-            v["lookup_bound"] = sum(n for n, _ in bounds) / sum(c for _, c in bounds)
         out[group][label] = v
     for modes in out.values():
         for label, v in modes.items():

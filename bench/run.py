@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -319,6 +319,34 @@ def run_llama_cpp(bin_dir: Path, args: argparse.Namespace, prompt_text: str, n_m
     }  # fmt: skip
 
 
+def pooled(rs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """What a group of runs adds up to: tok/s over the pooled tokens and decode time, acceptance,
+    tokens per round, the Python share, how many matched plain decoding, and the lookup bound."""
+    tokens = sum(r["stats"]["n_generated"] for r in rs)
+    t = sum(r["stats"]["t_decode_s"] for r in rs)
+    drafted = sum(r["stats"]["n_drafted"] for r in rs)
+    accepted = sum(r["stats"]["n_accepted"] for r in rs)
+    rounds = sum(r["stats"].get("rounds", 0) for r in rs)  # (older records lack it)
+    llama = sum(r["stats"]["t_llama_s"] for r in rs)
+    compared = [r for r in rs if r["same_as_plain"] is not None]
+    out: dict[str, Any] = {
+        "tok_s": tokens / t if t else 0.0,
+        "tokens": tokens,
+        "acceptance": accepted / drafted if drafted else 0.0,
+        "tokens_per_round": tokens / rounds if rounds else 0.0,
+        "mean_k": sum(r["mean_k"] for r in rs) / len(rs),
+        "python_share": 1 - llama / t if t else 0.0,
+        "lossless": sum(bool(r["same_as_plain"]) for r in compared),
+        "ties": sum(r.get("top2_gap_at_difference", 99.0) < TIE_GAP for r in compared),
+        "compared": len(compared),
+        "n": len(rs),
+    }
+    bounds = [r["lookup_bound"] for r in rs if r.get("lookup_bound")]
+    if bounds:
+        out["lookup_bound"] = sum(n for n, _ in bounds) / sum(c for _, c in bounds)
+    return out
+
+
 def summarize(data: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
     """Per category (and "all") and mode: tok/s over the pooled tokens and decode time, and more."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
@@ -327,28 +355,13 @@ def summarize(data: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
         groups[("all", r["mode"])].append(r)
     out: dict[str, dict[str, dict[str, float]]] = defaultdict(dict)
     for (cat, mode), rs in groups.items():
-        tokens = sum(r["stats"]["n_generated"] for r in rs)
-        t = sum(r["stats"]["t_decode_s"] for r in rs)
-        drafted = sum(r["stats"]["n_drafted"] for r in rs)
         accepted = sum(r["stats"]["n_accepted"] for r in rs)
         rounds_drafted = sum(r["stats"]["rounds_drafted"] for r in rs)
-        wall = sum(r["stats"]["t_decode_s"] for r in rs)
-        llama = sum(r["stats"]["t_llama_s"] for r in rs)
         out[cat][mode] = {
-            "tok_s": tokens / t if t else 0.0,
-            "acceptance": accepted / drafted if drafted else 0.0,
+            **pooled(rs),
             "mean_accepted": accepted / rounds_drafted if rounds_drafted else 0.0,
-            "mean_k": sum(r["mean_k"] for r in rs) / len(rs),
-            "python_share": 1 - llama / wall if wall else 0.0,
-            "lossless": sum(bool(r["same_as_plain"]) for r in rs if r["same_as_plain"] is not None),
-            "compared": sum(r["same_as_plain"] is not None for r in rs),
-            "ties": sum(r.get("top2_gap_at_difference", 99.0) < TIE_GAP for r in rs),
             "max_gap_at_difference": max((r.get("top2_gap_at_difference", 0.0) for r in rs), default=0.0),
-            "n": len(rs),
         }
-        bounds = [r["lookup_bound"] for r in rs if r.get("lookup_bound")]
-        if bounds:
-            out[cat][mode]["lookup_bound"] = sum(n for n, _ in bounds) / sum(c for _, c in bounds)
     for modes in out.values():
         base = modes.get("plain", {}).get("tok_s")
         for v in modes.values():
