@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.run import TIE_GAP, summarize
+from bench.summary import TIE_GAP, summarize
 
 FIXED = ("spec3", "spec5", "spec8", "lookup")  # the modes auto mode is held against
 EARLY = 24  # a reply that leaves plain decoding's text before this token is mostly a different text

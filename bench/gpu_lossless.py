@@ -2,7 +2,7 @@
 sliding window, qwen3moe and mamba2 recurrent ones of :mod:`app.tiny_arch`) through the engine process
 with every layer on the GPU; greedy speculative, lookup and auto output must equal plain output token
 for token, or part from it at a numerical tie (the target's top-two logits closer than
-``bench.run.TIE_GAP``), counted. A difference at a wider gap is a failure.
+``bench.summary.TIE_GAP``), counted. A difference at a wider gap is a failure.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def check_pair(
 ) -> dict[str, Any]:
     """One pair: every prompt in every mode against plain decoding."""
     from app.engine import GenerationSettings, LoadSettings
-    from bench.run import TIE_GAP
+    from bench.summary import TIE_GAP
 
     gpu = 0 if allow_cpu else -1
     _, offset = log_since(client.log_path, 0)

@@ -335,7 +335,7 @@ def run_pass(
 
 def compare(engine: Any, ids: list[int], plain: list[int], r: dict[str, Any], is_plain: bool) -> None:
     """Mark a reply as plain decoding's text or not; where not, where it left it and the target's
-    top-two logit gap there (a numerical tie below ``bench.run.TIE_GAP``)."""
+    top-two logit gap there (a numerical tie below ``bench.summary.TIE_GAP``)."""
     if is_plain:
         r["same_as_plain"] = None
         return

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bench.modes import MODES, best_fixed
-from bench.run import pooled
+from bench.summary import pooled
 
 
 def mode_label(mode: str, pass_no: int) -> str:

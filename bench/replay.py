@@ -385,7 +385,7 @@ def best_fixed_table(fixed: dict[str, Result], auto: Sequence[Result]) -> str:
 
 def measured_speedups(data: dict[str, Any], modes: Sequence[str]) -> dict[str, dict[str, float]]:
     """What the run itself measured for ``modes`` (speedup against plain, per category)."""
-    from bench.run import summarize
+    from bench.summary import summarize
 
     summary = data.get("summary") or summarize(data)
     out: dict[str, dict[str, float]] = {}
