@@ -84,11 +84,11 @@ def repeat_spread(data: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
         speeds[cat][mode][rep] = _tok_s(rs)
     out: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
     for cat, modes in speeds.items():
-        pooled = {
+        overall = {
             m: _tok_s([r for (c, mm, _), rs in groups.items() if (c, mm) == (cat, m) for r in rs])
             for m in modes
         }
-        best = best_fixed(pooled)
+        best = best_fixed(overall)
         for mode, per in modes.items():
             v: dict[str, Any] = {}
             plain = modes.get("plain", {})
@@ -97,7 +97,7 @@ def repeat_spread(data: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
                 v["speedup_range"] = [min(ups), max(ups)]
             if best is not None:
                 v["best_fixed"] = best[0]
-                v["vs_best"] = pooled[mode] / best[1] if best[1] else float("nan")
+                v["vs_best"] = overall[mode] / best[1] if best[1] else float("nan")
                 ref = modes[best[0]]
                 ratios = [x / ref[rep] for rep, x in per.items() if ref.get(rep)]
                 v["vs_best_range"] = [min(ratios), max(ratios)]
