@@ -24,6 +24,7 @@ import subprocess
 import sys
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -246,10 +247,16 @@ def test_auto_keeps_both_models_on_the_cpu_and_says_why(
 # -- all layers on the device: lossless in every mode, sampling exact -------------------------------
 
 
+def steady(info: EngineInfo) -> EngineInfo:
+    """``info`` without what changes from one moment to the next (each device's free memory)."""
+    return replace(info, devices=tuple(replace(d, memory_free=0) for d in info.devices))
+
+
 def test_all_layers_on_lavapipe_greedy_equals_plain_in_every_mode(on_device, lavapipe: Device) -> None:
     client, info = on_device
     assert_on_lavapipe(info, lavapipe)
-    assert client.info().engine == info
+    # the same pair on the same devices (free memory is read live, so it moves between the two answers)
+    assert steady(client.info().engine) == steady(info)
     ties, runs, drafted = 0, 0, 0
     for text in PROMPTS:
         prompt = client.tokenize(text)
