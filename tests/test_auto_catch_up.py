@@ -1,0 +1,229 @@
+"""Auto mode's catch-ups of the draft model and its probes: what a round is charged for the text the draft
+has not seen, and when finding out is worth that."""
+
+from __future__ import annotations
+
+from auto_doubles import (
+    CPU_LIKE,
+    EXPENSIVE,
+    GPU_LIKE,
+    RecordingDraft,
+    StaleDraft,
+    SureDraft,
+    SyntheticCosts,
+)
+
+from app.engine.auto import (
+    MODEL_CLASSES,
+    REPLY_MIN,
+    Acceptance,
+    AutoDrafter,
+)
+from app.engine.auto.evidence import PLAIN
+from app.engine.drafting import LookupDrafter, Outcome, Proposal, common_prefix
+from app.engine.engine import Engine, GenerationSettings, LoadSettings
+from app.engine.events import Source, Step
+
+
+def test_probes_only_when_finding_out_can_pay_for_the_catch_up() -> None:
+    from app.engine.drafting import LookupDrafter
+
+    maybe = SyntheticCosts(base=0.010, slope=0.0002, draft=0.0005)  # drafting would pay a lot...
+    auto = AutoDrafter(StaleDraft(20), LookupDrafter(), n_max=6, costs=maybe)  # type: ignore[arg-type]
+    auto.rounds.since = 10**6  # the back-off interval has passed
+    auto.rest = 400
+    assert auto.rounds.probe_due([], maybe.draft_step(), 6, auto.rest)  # ...and the catch-up is cheap: probe
+    auto.rounds.model = StaleDraft(2000)  # type: ignore[assignment]
+    auto.rest = 3
+    assert not auto.rounds.probe_due(
+        [], maybe.draft_step(), 6, auto.rest
+    )  # a long catch-up for a short gain: wait
+    auto.rest = 10**5
+    assert auto.rounds.probe_due(
+        [], maybe.draft_step(), 6, auto.rest
+    )  # worth it when much of the reply is left
+    auto = AutoDrafter(StaleDraft(150), LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
+    auto.rounds.since = 10**6
+    auto.rest = 96
+    # CPU-like: even a 95 %-accurate draft gains a few percent; catching up 150 tokens costs more
+    assert not auto.rounds.probe_due([], CPU_LIKE.draft_step(), 6, auto.rest)
+    auto.rounds.since = 0
+    assert not auto.rounds.probe_due(
+        [], CPU_LIKE.draft_step(), 6, auto.rest
+    )  # never before the back-off interval
+    auto = AutoDrafter(StaleDraft(1), LookupDrafter(), n_max=6, costs=EXPENSIVE)  # type: ignore[arg-type]
+    auto.rounds.since, auto.rest = 10**6, 10**6
+    assert not auto.rounds.probe_due(
+        [], EXPENSIVE.draft_step(), 6, auto.rest
+    )  # cannot pay even at 98 % acceptance
+
+
+def test_probes_only_where_the_target_is_sure_enough_for_the_draft_to_pay() -> None:
+    """A probe hopes for its class's acceptance halfway to 1. Where the target hesitates the draft
+    agrees 75 % of the time: with CPU-like costs even 87.5 % cannot pay, so no probe is wasted there;
+    where the target is sure (97 %) a probe may find the draft paying."""
+    from app.engine.drafting import LookupDrafter
+
+    auto = AutoDrafter(StaleDraft(5), LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
+    auto.rounds.since, auto.rest = 10**6, 10**5
+    auto.rounds.cls = 0
+    assert not auto.rounds.probe_due([], CPU_LIKE.draft_step(), 6, auto.rest)
+    auto.rounds.cls = len(MODEL_CLASSES) - 1
+    assert auto.rounds.probe_due([], CPU_LIKE.draft_step(), 6, auto.rest)
+
+
+def test_a_probes_own_round_is_part_of_its_price() -> None:
+    """With the draft in step (no catch-up) a probe still drafts and verifies a batch that a class
+    whose drafts keep failing is expected to lose on: in the few tokens a short reply has left,
+    finding out cannot repay that; over a long rest it can."""
+    from app.engine.drafting import LookupDrafter
+
+    auto = AutoDrafter(StaleDraft(0), LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
+    auto.rounds.since = 10**6
+    auto.rounds.cls = len(MODEL_CLASSES) - 1  # where a probe hopes for 98 %...
+    for _ in range(30):
+        auto.evidence.predicted[Source.MODEL][-1].observe(
+            2, 0, ()
+        )  # ...but this draft has been rejected at once lately
+    auto.rest = REPLY_MIN
+    assert not auto.rounds.probe_due([], CPU_LIKE.draft_step(), 6, auto.rest)
+    auto.rest = 2000
+    assert auto.rounds.probe_due([], CPU_LIKE.draft_step(), 6, auto.rest)
+
+
+def test_draft_evaluates_the_prompt_up_front_only_while_it_could_pay() -> None:
+    for costs, eager in ((GPU_LIKE, True), (CPU_LIKE, True), (EXPENSIVE, False)):
+        draft = RecordingDraft()
+        auto = AutoDrafter(draft, LookupDrafter(), n_max=6, costs=costs)  # type: ignore[arg-type]
+        auto.begin([1, 2, 3])
+        assert draft.evaluate == [eager], costs
+    # model rounds that lost in the last reply do not keep the next one from trying the draft again
+    # (each reply judges it afresh) ...
+    draft = RecordingDraft()
+    auto = AutoDrafter(draft, LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
+    for _ in range(3):
+        for c in range(len(MODEL_CLASSES)):
+            auto.evidence.realized[(Source.MODEL, c)].add(1, 1.0)
+        auto.evidence.realized[PLAIN].add(1, 0.1)
+    auto.begin([1, 2, 3])
+    assert draft.evaluate == [True]
+    assert not any(auto.evidence.losing((Source.MODEL, c)) for c in range(len(MODEL_CLASSES)))
+    # ... but where every class has shown an acceptance at which the costs say it cannot pay, it is out
+    for c in range(len(MODEL_CLASSES)):
+        auto.evidence.predicted[Source.MODEL][c] = Acceptance(6, prior=0.2, weight=1e6)
+    auto.begin([1, 2, 3])
+    assert draft.evaluate == [True, False]
+
+
+def test_the_rest_of_a_reply_is_expected_to_be_as_long_as_the_reply_so_far() -> None:
+    """Within the token budget, and at least REPLY_MIN tokens: a reply n tokens long is as likely
+    to be past its middle as not."""
+    text = list(range(300, 700))  # no n-gram repeats
+    auto = AutoDrafter(None, LookupDrafter(), n_max=6, costs=CPU_LIKE)
+    for prompt_len, budget, rest in ((396, 1000, REPLY_MIN), (100, 1000, 300), (100, 50, 51), (400, 9, 10)):
+        auto.begin(text[:prompt_len])
+        auto.propose(text, budget, None, None)  # type: ignore[arg-type]
+        assert auto.rest == rest
+
+
+def test_catching_up_the_draft_is_spread_over_the_reply_expected_to_be_left() -> None:
+    """A reply is expected to go on for as long as it has gone so far (within its token budget)."""
+    text = list(range(300, 700))
+    far_behind = SureDraft(pending=40)
+
+    def first_round(prompt_len: int, budget: int) -> Proposal:
+        auto = AutoDrafter(far_behind, LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
+        auto.begin(text[:prompt_len])
+        auto.target_confidence.extend([1.0] * 3)
+        return auto.propose(text, budget, None, None)  # type: ignore[arg-type]
+
+    assert first_round(10, 200).source == "model"  # 390 tokens so far, 200 to go: a long reply left
+    assert not first_round(10, 4).tokens  # a few tokens of budget left: not worth it
+    assert not first_round(396, 200).tokens  # 4 tokens so far: it may well end soon (a translation)
+
+
+def test_a_catch_up_is_charged_to_the_model_rounds_it_serves() -> None:
+    """Where copies and model rounds take turns (a JSON reply), each model round needs its own
+    catch-up: once the reply shows that, a catch-up is no longer spread over the rest of the reply."""
+    from dataclasses import replace
+
+    costs = SyntheticCosts(base=0.1, slope=0.02, draft=0.03)  # a sure draft pays well when it keeps up
+    text = list(range(300, 400))
+
+    def reply(rounds_per_catch_up: int) -> Proposal:
+        auto = AutoDrafter(SureDraft(pending=30), LookupDrafter(), n_max=6, costs=costs)  # type: ignore[arg-type]
+        auto.begin(text[:10])
+        auto.target_confidence.extend([1.0] * 3)
+        first = auto.propose(text, 200, None, None)  # type: ignore[arg-type]
+        assert first.source == "model"  # a long reply so far and left: the catch-up is spread over it
+        n = len(first.tokens)
+        for i in range(3 * rounds_per_catch_up):  # catch-ups of 28 tokens, each serving this many rounds
+            n_sync = 30 if i % rounds_per_catch_up == 0 else 2  # 2: the round's own tokens
+            t_sync = 0.0175 * n_sync
+            t_round = n * costs.draft + costs.verify(n + 1) + t_sync
+            prop = replace(first, n_sync=n_sync, t_sync=t_sync)
+            auto.observe(prop, Outcome(Source.MODEL, n, n, n + 1, costs.verify(n + 1), t_round))
+        return auto.propose(text, 200, None, None)  # type: ignore[arg-type]
+
+    assert not reply(rounds_per_catch_up=1).tokens  # half a second of catching up for one round: no
+    assert reply(rounds_per_catch_up=8).source == "model"
+
+
+def test_a_catch_up_is_spread_only_over_rounds_before_lookup_drafts_again() -> None:
+    """In a code edit prompt lookup copies every few rounds and leaves the draft behind each time:
+    a catch-up serves the model rounds until the next copy, not the rest of the reply. Replayed
+    on the benchmark's replies, spreading it over the reply cost ``code_edit`` 6 % against prompt
+    lookup alone (a catch-up of 28 tokens, 6 decode steps, for one round of 4 tokens)."""
+    costs = SyntheticCosts(base=0.1, slope=0.025, draft=0.04)  # a sure draft pays 1.3x when in step
+    text = list(range(300, 400))
+
+    def catch_up_round(copies: int) -> Proposal:
+        auto = AutoDrafter(SureDraft(pending=30), LookupDrafter(), n_max=6, costs=costs)  # type: ignore[arg-type]
+        auto.rounds.sync_cost.add(0.0175)  # catching up costs 17.5 ms a token: 0.5 s for these 28
+        auto.begin(text[:10])
+        for _ in range(copies):  # lookup rounds earlier in this reply
+            auto.copies.share = 0.9 * auto.copies.share + 0.1
+        auto.target_confidence.extend([1.0] * 3)
+        return auto.propose(text, 200, None, None)  # type: ignore[arg-type]
+
+    assert catch_up_round(copies=0).source == "model"
+    assert not catch_up_round(copies=8).tokens  # every other round or so is a copy: one round served
+
+
+def test_a_catch_up_is_charged_as_catch_ups_served_in_earlier_replies_until_this_one_shows() -> None:
+    """Catch-ups that served one model round each in the replies before are not spread over the
+    rest of a new reply either, before that reply has shown what its own catch-ups serve."""
+    from dataclasses import replace
+
+    costs = SyntheticCosts(base=0.1, slope=0.02, draft=0.03)
+    text = list(range(300, 400))
+    auto = AutoDrafter(SureDraft(pending=30), LookupDrafter(), n_max=6, costs=costs)  # type: ignore[arg-type]
+    auto.begin(text[:10])
+    auto.target_confidence.extend([1.0] * 3)
+    first = auto.propose(text, 200, None, None)  # type: ignore[arg-type]
+    assert first.source == "model"
+    n = len(first.tokens)
+    for _ in range(3):  # three replies, each with three catch-ups that served one round each
+        auto.begin(text[:10])
+        for _ in range(3):
+            t_round = n * costs.draft + costs.verify(n + 1) + 0.5
+            prop = replace(first, n_sync=30, t_sync=0.5)
+            auto.observe(prop, Outcome(Source.MODEL, n, n, n + 1, costs.verify(n + 1), t_round))
+    auto.begin(text[:10])
+    auto.target_confidence.extend([1.0] * 3)
+    assert not auto.propose(text, 200, None, None).tokens  # type: ignore[arg-type]
+
+
+def test_accepted_draft_tokens_are_not_counted_as_catch_up(tiny_pair) -> None:
+    """After a drafted round the draft lags by at most its last draft token and the target's token."""
+    with Engine(LoadSettings(str(tiny_pair.target), str(tiny_pair.draft), n_ctx=2048)) as eng:
+        model = eng._model_drafter
+        assert model is not None
+        prompt = eng.tokenize("One, two, three, one, two, three, one, two,")
+        gs = GenerationSettings(mode="speculative", n_max=4, adaptive=False, max_tokens=24)
+        evs = list(eng.generate(prompt, gs))
+        drafted = [e for e in evs if isinstance(e, Step) and e.n_drafted]
+        assert drafted and any(e.n_accepted for e in drafted)
+        text = [*prompt, *evs[-1].tokens]
+        keep = common_prefix(model.seq.tokens, text)
+        assert model.pending(text) == max(1, len(text) - keep) <= 2

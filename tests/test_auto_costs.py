@@ -1,0 +1,208 @@
+"""Auto mode's costs: the draft-length choice from a cost model, timing batches and the draft online."""
+
+from __future__ import annotations
+
+import pytest
+from auto_doubles import (
+    CPU_LIKE,
+    EXPENSIVE,
+    GPU_LIKE,
+    StaleDraft,
+    SureDraft,
+    SyntheticCosts,
+)
+
+from app.engine.auto import (
+    LOOKUP_MAX,
+    Acceptance,
+    AutoDrafter,
+    MeasuredCosts,
+    best_length,
+)
+from app.engine.auto.planner import continue_rule
+from app.engine.drafting import LookupDrafter, Outcome, Proposal
+from app.engine.engine import Engine, LoadSettings
+from app.engine.events import Source
+
+
+def test_cheap_verify_drafts_long() -> None:
+    acc = Acceptance(8, prior=0.9, weight=1e6)  # 90% per token, held fixed
+    assert best_length(acc, GPU_LIKE, GPU_LIKE.draft_step(), 8, 0.03).k == 8
+    assert best_length(acc, GPU_LIKE, GPU_LIKE.draft_step(), 3, 0.03).k == 3  # never past the limit
+
+
+def test_expensive_verify_does_not_draft() -> None:
+    acc = Acceptance(8, prior=0.8, weight=1e6)
+    assert best_length(acc, EXPENSIVE, EXPENSIVE.draft_step(), 8, 0.03).k == 0
+
+
+def test_cpu_like_costs_draft_only_with_high_acceptance_and_short() -> None:
+    high = Acceptance(8, prior=0.95, weight=1e6)
+    low = Acceptance(8, prior=0.6, weight=1e6)
+    free_draft = 0.0  # prompt lookup costs nothing to draft
+    assert best_length(low, CPU_LIKE, CPU_LIKE.draft_step(), 8, 0.03).k == 0
+    k_high = best_length(high, CPU_LIKE, CPU_LIKE.draft_step(), 8, 0.03).k
+    assert 1 <= k_high <= 8
+    assert best_length(low, CPU_LIKE, free_draft, 8, 0.03).k >= 1
+
+
+def test_measured_costs_interpolate_and_resist_spikes() -> None:
+    costs = MeasuredCosts()
+    assert costs.verify(1) is None
+    for t in (0.10, 0.10, 0.11, 5.0, 0.10):  # one spike from a busy machine
+        costs.observe_verify(1, t)
+    assert costs.verify(1) == pytest.approx(0.10)
+    assert costs.verify(4) == pytest.approx(0.10 * (1 + 3 * costs.prior_slope) / 1)
+    for t in (0.2, 0.2, 0.2):
+        costs.observe_verify(4, t)
+    assert costs.verify(4) == pytest.approx(0.2)
+    assert costs.verify(7) == pytest.approx(0.3, rel=0.05)  # the line through (1, 0.1) and (4, 0.2)
+
+
+def test_measured_costs_follow_a_machine_that_slows_down() -> None:
+    """Batch costs are kept relative to one step measured at about the same time."""
+    costs = MeasuredCosts(window=5)
+    for _ in range(5):
+        costs.observe_verify(1, 0.10)
+    for b, r in ((2, 1.5), (3, 2.1), (4, 2.1), (6, 3.0)):  # not a straight line: kernels change
+        costs.observe_verify(b, 0.10 * r)
+    costs.observe_draft(1, 0.05)
+    assert costs.verify(3) == pytest.approx(0.21)
+    assert costs.verify(5) == pytest.approx(0.10 * 2.55)  # between the measured 4 and 6
+    assert costs.verify(8) == pytest.approx(0.10 * (3.0 + 2 * (3.0 - 1) / 5))  # 6's mean slope goes on
+    for _ in range(5):  # the machine gets busy: every step now takes 50% longer
+        costs.observe_verify(1, 0.15)
+    assert costs.verify(4) == pytest.approx(0.15 * 2.1)  # the batches follow without new samples
+    assert costs.draft_step() == pytest.approx(0.075)
+
+
+def test_measured_costs_recover_from_steps_timed_beside_another_program() -> None:
+    """Steps timed while another program loaded beside this one (tens of times slower) must not
+    make every batch look cheaper than one step: a batch timed faster than every recent step drops
+    those steps until one is timed again, and a batch costs at least one step."""
+    costs = MeasuredCosts()
+    for _ in range(9):  # steps on a busy machine
+        costs.observe_verify(1, 4.0)
+    for b, t in ((2, 0.15), (16, 0.49), (64, 1.44)):  # batches once it was quiet
+        costs.observe_verify(b, t)
+    assert costs.verify(1) is None  # the step is timed again (auto mode's next round is plain)
+    costs.observe_verify(1, 0.1)
+    assert costs.verify(1) == pytest.approx(0.1)
+    assert [costs.ratio(b) for b in (2, 16, 64)] == pytest.approx([1.5, 4.9, 14.4])
+    costs.restore({"ratios": {"3": 0.106, "32": 0.2}})  # figures saved by a session that had it wrong
+    assert costs.ratio(3) >= 1.0 and costs.ratio(32) >= 1.0
+
+
+def test_load_timings_are_taken_relative_to_the_steps_beside_them() -> None:
+    """Another program stopping while the batch sizes are timed at load (every timing tens of times
+    faster from then on) leaves each batch's cost in steps as it was."""
+    from app.engine.loading import relative_to_neighbours
+
+    busy, quiet = 4.0, 0.1
+    timed = [(1, busy), (2, 1.5 * busy), (4, 1.9 * busy), (1, busy), (1, quiet), (16, 4.9 * quiet)]
+    timed += [(64, 14.4 * quiet), (1, quiet)]
+    costs = MeasuredCosts()
+    for batch, seconds in relative_to_neighbours(timed):
+        costs.observe_verify(batch, seconds)
+    assert [costs.ratio(b) for b in (2, 4, 16, 64)] == pytest.approx([1.5, 1.9, 4.9, 14.4])
+    assert costs.verify(1) == pytest.approx(quiet)  # the step as the machine is now
+
+
+def test_measured_costs_keep_samples_taken_before_the_first_step() -> None:
+    costs = MeasuredCosts()
+    costs.observe_verify(4, 0.2)
+    costs.observe_draft(2, 0.1)
+    assert costs.verify(4) is None and costs.draft_step() is None
+    costs.observe_verify(1, 0.1)
+    assert costs.verify(4) == pytest.approx(0.2) and costs.draft_step() == pytest.approx(0.05)
+
+
+def test_acceptance_calibration_by_confidence() -> None:
+    acc = Acceptance(4, weight=1.0)
+    for _ in range(100):
+        acc.observe(2, 1, [0.95, 0.15])  # confident tokens accepted, unconfident rejected
+    assert acc.calibrated(0.95) > 0.9
+    assert acc.calibrated(0.15) < 0.1
+    assert acc.alpha(0) > 0.9 and acc.alpha(1) < 0.1
+
+
+def test_model_rounds_that_take_longer_than_predicted_correct_the_plan() -> None:
+
+    auto = AutoDrafter(SureDraft(), LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
+    assert auto.rounds.overrun() == 1.0
+    round_ = Proposal((7, 7, 7), (None,) * 3, (0.99,) * 3, Source.MODEL, 0.0, n_steps=3, t_steps=0.15)
+    predicted = 3 * CPU_LIKE.draft_step() + CPU_LIKE.verify(4)
+    for _ in range(5):  # model rounds take 30 % longer than their parts timed alone
+        auto.observe(round_, Outcome(Source.MODEL, 3, 3, 4, CPU_LIKE.verify(4), 1.3 * predicted))
+    assert auto.rounds.overrun() == pytest.approx(1.3)
+    sure = Acceptance(6, prior=0.97, weight=1e6)
+    assert best_length(sure, CPU_LIKE, CPU_LIKE.draft_step(), 6, 0.03).k > 0
+    assert best_length(sure, CPU_LIKE, CPU_LIKE.draft_step(), 6, 0.03, scale=auto.rounds.overrun()).k == 0
+
+
+def test_model_drafts_on_past_a_costly_batch_size_when_cheaper_ones_follow() -> None:
+    """On a CPU a batch of 4 can cost what a batch of 3 does: judge the whole draft, not one step."""
+
+    class Lumpy(SyntheticCosts):
+        def verify(self, batch: int) -> float:
+            return {1: 0.1, 2: 0.15, 3: 0.21, 4: 0.21, 5: 0.25}.get(batch, 0.25 + 0.05 * (batch - 5))
+
+    auto = AutoDrafter(SureDraft(), LookupDrafter(), n_max=6, costs=Lumpy(0.1, 0.0, 0.045))  # type: ignore[arg-type]
+    keep_going = continue_rule(
+        auto.costs,
+        auto.evidence.calibration[Source.MODEL],
+        auto.evidence.predicted[Source.MODEL][-1],
+        auto.costs.draft_step(),
+        6,
+    )
+    assert keep_going(1, [0.99, 0.99])  # a 3rd token costs 0.06 s more, but a 4th is then nearly free
+    assert not keep_going(1, [0.99, 0.2])  # an unlikely 2nd token: more drafting cannot pay
+
+
+def test_a_batch_size_timed_once_is_tried_again_when_nearly_the_best() -> None:
+    """One slow timing at load must not keep a batch size out of plans for good."""
+    costs = MeasuredCosts()
+    costs.observe_verify(1, 0.1)
+    for batch, seconds in ((2, 0.155), (3, 0.2), (5, 0.22)):
+        for _ in range(5):
+            costs.observe_verify(batch, seconds)
+    costs.observe_verify(4, 0.21)  # timed once, slowly (about 0.17 on a quiet machine)
+    acc = Acceptance(8, prior=0.5, prior_rest=0.86, weight=1e6)
+    assert costs.samples(4) == 1 and costs.samples(5) == 5 and costs.samples(7) == 0
+    assert best_length(acc, costs, 0.0, 4, 0.03).k == 3  # nearly the best: try it, and so time it
+    for _ in range(2):
+        costs.observe_verify(4, 0.21)
+    assert best_length(acc, costs, 0.0, 4, 0.03).k == 4  # three timings say it really is dear
+
+
+def test_loading_times_the_batch_sizes_verification_uses(tiny_pair) -> None:
+    """Auto mode starts from measured costs, including a long prompt-lookup draft's batch."""
+    with Engine(LoadSettings(str(tiny_pair.target), str(tiny_pair.draft), n_ctx=512)) as eng:
+        costs = eng.costs
+        assert isinstance(costs, MeasuredCosts)
+        assert {b for b in Engine.WARM_UP_BATCHES if b > 1} <= {b for b in range(2, 65) if costs.samples(b)}
+        assert max(Engine.WARM_UP_BATCHES) >= LOOKUP_MAX + 1
+        assert costs.verify(1) and costs.draft_step()
+
+
+def test_costs_a_busy_moment_inflated_do_not_rule_the_draft_out_for_good() -> None:
+    """A draft length or the draft model ruled out by timings a busy moment inflated is never run, so
+    never timed again: what rules it out for good, and what a probe hopes for, is judged at each
+    cost's lowest recent timing."""
+    costs = MeasuredCosts()
+    for batch, seconds in ((1, 0.1), (4, 0.40), (4, 0.41), (4, 0.13), (1, 0.1)):
+        costs.observe_verify(batch, seconds)
+    for seconds in (0.10, 0.09, 0.04):  # the draft's step: timed twice while the machine was busy
+        costs.observe_draft(1, seconds)
+    draft = costs.draft_step()
+    assert draft == pytest.approx(0.09)
+    always = Acceptance(8, prior=1.0, weight=1e12)
+    assert best_length(always, costs, draft, 3, 0.03).k == 0  # by the medians: never, even always right
+    low = costs.optimistic()
+    assert low.draft_step() == pytest.approx(0.04) and low.verify(4) == pytest.approx(0.13)
+    auto = AutoDrafter(StaleDraft(4), LookupDrafter(), n_max=3, costs=costs)  # type: ignore[arg-type]
+    assert not auto.rounds.cannot_pay(draft, 3)  # so it is not ruled out for good...
+    auto.rounds.since = 10**6
+    assert auto.rounds.probe_due([], draft, 3, 10**4)  # ...and a probe times it again
+    costs.observe_verify(4, 0.13)  # a new timing: the reading follows it
+    assert costs.optimistic().verify(4) == pytest.approx(0.13)
