@@ -36,6 +36,7 @@ from typing import Any
 
 from app.engine.drafting import EMPTY, Outcome, Proposal
 from app.engine.events import Source
+from bench.replay_report import Result, Table, best_fixed_table, measured_speedups, table
 
 STEP = 0.1  # seconds charged for one decode step (the policy reads seconds; only ratios matter)
 # Python's share of drafting one token with the draft model (its logits to a token and a probability),
@@ -180,9 +181,6 @@ class ReplayDraft:
 
     def close(self) -> None:
         pass
-
-
-Result = dict[str, tuple[int, float]]  # category -> (tokens, cost in decode steps)
 
 
 def _replay(
@@ -333,67 +331,6 @@ def accepted(draft: Sequence[int], reply: Sequence[int], pos: int) -> int:
     while a < min(len(draft), len(reply) - pos - 1) and draft[a] == reply[pos + a]:
         a += 1
     return a
-
-
-Table = dict[str, list[Result]]  # policy -> its result in each order replayed
-
-
-def speedup(results: Sequence[Result], cats: Sequence[str]) -> float:
-    """Geometric mean over orders of tokens / cost in steps, pooled over ``cats``."""
-    import math
-
-    logs = []
-    for r in results:
-        n = sum(r[c][0] for c in cats if c in r)
-        cost = sum(r[c][1] for c in cats if c in r)
-        if not cost:
-            return 0.0
-        logs.append(math.log(n / cost))
-    return math.exp(sum(logs) / len(logs)) if logs else 0.0
-
-
-def table(rows: Table | dict[str, Result], measured: dict[str, dict[str, float]] | None = None) -> str:
-    """Markdown: modeled speedup (tokens / cost in steps) per category for each policy; ``measured``:
-    columns of speedups a run measured (policy -> category -> speedup), printed after them."""
-    runs: Table = {k: v if isinstance(v, list) else [v] for k, v in rows.items()}
-    measured = measured or {}
-    names = list(runs)
-    cats = sorted({c for rs in runs.values() for r in rs for c in r})
-    head = [*names, *(f"{m} (measured)" for m in measured)]
-    lines = ["| category | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
-    for c in [*cats, "all"]:
-        pick = cats if c == "all" else [c]
-        cells = [f"{speedup(runs[name], pick):.3f}x" for name in names]
-        cells += [f"{m[c]:.2f}x" if c in m else "-" for m in measured.values()]
-        lines.append(f"| {c} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def best_fixed_table(fixed: dict[str, Result], auto: Sequence[Result]) -> str:
-    """Markdown: per category (and "all"), the best of the ``fixed`` settings' replays, its speedup, and
-    ``auto``'s speedup (geometric mean over its orders) and ratio to it."""
-    cats = sorted({c for r in fixed.values() for c in r})
-    lines = ["| category | best fixed | its speedup | auto | auto / best fixed |", "|---|---|---|---|---|"]
-    for c in [*cats, "all"]:
-        pick = cats if c == "all" else [c]
-        speeds = {n: speedup([r], pick) for n, r in fixed.items()}
-        best = max(speeds, key=lambda n: speeds[n])
-        a = speedup(auto, pick)
-        lines.append(f"| {c} | {best} | {speeds[best]:.3f}x | {a:.3f}x | {a / speeds[best]:.3f} |")
-    return "\n".join(lines)
-
-
-def measured_speedups(data: dict[str, Any], modes: Sequence[str]) -> dict[str, dict[str, float]]:
-    """What the run itself measured for ``modes`` (speedup against plain, per category)."""
-    from bench.summary import summarize
-
-    summary = data.get("summary") or summarize(data)
-    out: dict[str, dict[str, float]] = {}
-    for m in modes:
-        col = {c: row[m]["speedup"] for c, row in summary.items() if m in row and "speedup" in row[m]}
-        if col:
-            out[m] = col
-    return out
 
 
 def orders(replies: Sequence[Reply], n: int) -> list[list[Reply]]:

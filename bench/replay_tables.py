@@ -24,7 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.replay import Result, TableCosts, orders, replay_auto, replay_settings, speedup
+from bench.replay import TableCosts, orders, replay_auto, replay_settings
+from bench.replay_report import Result, speedup
 
 RECORDED = Path(__file__).with_name("recorded")
 XEON_COSTS = RECORDED / "xeon-costs.json"
