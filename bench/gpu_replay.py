@@ -132,10 +132,11 @@ def replay_set(
     the all-knowing lookup bound, and for a multi-turn set auto mode with the drafting history, pass
     by pass."""
     from bench import replay as rp
+    from bench.replay_report import Table, speedup
 
     costs = rp.TableCosts(ratios, draft_ratios)
     max_tokens = int(meta.get("max_tokens", 96))
-    rows: rp.Table = {"auto (lookup)": [], "auto": [], "spec3": [], "spec5": []}
+    rows: Table = {"auto (lookup)": [], "auto": [], "spec3": [], "spec5": []}
     for order in rp.orders(replies, orders):
         rows["auto (lookup)"].append(rp.replay_auto(order, costs, max_tokens))
         if draft_ratios:
@@ -151,7 +152,7 @@ def replay_set(
     rows["lookup bound"] = [rp.replay_bound(replies, costs)]
     cats = sorted({r.category for r in replies})
     return {
-        name: {c: round(rp.speedup(rs, cats if c == "all" else [c]), 4) for c in [*cats, "all"]}
+        name: {c: round(speedup(rs, cats if c == "all" else [c]), 4) for c in [*cats, "all"]}
         for name, rs in rows.items()
         if rs
     }
