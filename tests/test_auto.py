@@ -366,30 +366,72 @@ def test_auto_drafts_with_whichever_predictor_pays_more_and_says_which_paused() 
     assert again.mtp_costs.state()["draft"] == pytest.approx(2.0)
 
 
+class BehindDraft(FixedDraft):
+    """A :class:`FixedDraft` that can be left behind: ``lag`` tokens of the text it has not seen."""
+
+    def __init__(self, source: Source):
+        super().__init__(source)
+        self.lag = 1
+
+    def pending(self, tokens) -> int:
+        return self.lag
+
+
+def _poor_but_cheap(known: float = 0.3) -> tuple[AutoDrafter, BehindDraft]:
+    """Auto mode with a draft model whose classes are known to be poor (``known`` per token: the
+    estimate plans no draft) on costs where a plausible acceptance would pay."""
+    cheap = SyntheticCosts(base=0.1, slope=0.02, draft=0.02)
+    draft = BehindDraft(Source.MODEL)
+    auto = AutoDrafter(draft, LookupDrafter(), n_max=6, costs=cheap)  # type: ignore[arg-type]
+    for c in range(len(MODEL_CLASSES)):
+        auto.evidence.predicted[Source.MODEL][c] = Acceptance(6, prior=known, weight=1e6)
+    return auto, draft
+
+
+def _round(auto: AutoDrafter, text: list[int], accepted_all: bool) -> Proposal:
+    from app.engine.sampling import SamplingParams
+
+    prop = auto.propose(text, 6, SamplingParams(), None)
+    if prop.tokens:  # the round takes what its parts cost
+        n, costs = len(prop.tokens), auto.costs
+        verify = costs.verify(n + 1)
+        seconds = n * costs.draft_step() + verify
+        auto.observe(prop, Outcome(Source.MODEL, n, n if accepted_all else 0, n + 1, verify, seconds))
+    return prop
+
+
 def test_a_reply_tries_the_draft_early_and_keeps_it_while_it_is_right() -> None:
     """Where the class's estimate alone says the draft cannot pay but a plausible acceptance could,
     a reply drafts on hope from its first rounds while every draft was accepted in full (arithmetic,
-    a list of records: the draft shows it at once), and stops at the first draft it got wrong."""
-    from app.engine.drafting import LookupDrafter
-    from app.engine.sampling import SamplingParams
-
-    cheap = SyntheticCosts(base=0.1, slope=0.02, draft=0.02)
-    auto = AutoDrafter(FixedDraft(Source.MODEL), LookupDrafter(), n_max=6, costs=cheap)  # type: ignore[arg-type]
-    for c in range(len(MODEL_CLASSES)):  # known to be poor: the estimate plans no draft
-        auto.evidence.predicted[Source.MODEL][c] = Acceptance(6, prior=0.3, weight=1e6)
+    a list of records: the draft shows it at once), and the try ends at the first draft it got
+    wrong: a draft left behind by then is not taken up again on hope."""
+    auto, draft = _poor_but_cheap()
     text = [1, 2, 3, 4, 5, 6]
-
-    def round_(accepted_all: bool) -> Proposal:
-        prop = auto.propose(text, 6, SamplingParams(), None)
-        if prop.tokens:
-            n = len(prop.tokens)
-            auto.observe(prop, Outcome(Source.MODEL, n, n if accepted_all else 0, n + 1, 0.1, 0.12))
-        return prop
-
     auto.begin(text)
-    first = round_(True)
+    first = _round(auto, text, True)
     assert first.tokens and first.decision.action is Action.DRAFT and first.decision.source is Source.MODEL
-    assert round_(False).tokens  # right in full so far: tried again (and this one is wrong)
-    assert not round_(True).tokens  # the try is over: the estimate rules
-    auto.begin(text)  # a new reply tries again
-    assert round_(True).tokens
+    assert _round(auto, text, False).tokens  # right in full so far: tried again (and this one is wrong)
+    draft.lag = 12  # the text went on without it
+    assert not _round(auto, text, True).tokens  # the try is over: the estimate rules
+    draft.lag = 1
+    auto.begin(text)  # a new reply (the draft in step with its prompt) tries again
+    assert _round(auto, text, True).tokens
+
+
+def test_a_draft_in_step_goes_on_while_this_replys_acceptance_could_still_pay() -> None:
+    """Once the try is over, a draft model in step with the text (nothing to catch up) goes on while
+    this reply's acceptance, ``ENGAGED_ERRORS`` standard errors above its estimate, says a round
+    could pay: stopping at break-even leaves the draft behind, and each later round that needs it
+    pays a catch-up. Every wrong draft narrows the bound, so a draft that keeps failing stops, and
+    stays stopped (no new evidence); right drafts keep it going."""
+    auto, _ = _poor_but_cheap(known=0.15)
+    text = [1, 2, 3, 4, 5, 6]
+    auto.begin(text)
+    assert _round(auto, text, True).tokens and _round(auto, text, False).tokens  # the try, then over
+    drafted = [bool(_round(auto, text, False).tokens) for _ in range(12)]
+    assert drafted[0], "one wrong draft in two does not rule this reply out"
+    assert not drafted[-1], "wrong every time: the reply's own evidence rules it out"
+    assert drafted == sorted(drafted, reverse=True)  # stopped for good once stopped
+    auto.begin(text)  # a reply where the draft is right keeps it going past a wrong draft
+    _round(auto, text, True), _round(auto, text, False)
+    assert all(_round(auto, text, True).tokens for _ in range(10))

@@ -191,6 +191,22 @@ class ReplyAcceptance:
         return max(prior, (self.hits[j] + prior) / (self.trials[j] + 1))  # shrunk by one pooled sample
 
 
+class Upper:
+    """A :class:`ReplyAcceptance` read ``errors`` standard errors above its estimate at each position
+    (the pooled prior counted as its ``weight`` samples): what this reply's acceptance could still
+    turn out to be."""
+
+    __slots__ = ("acc", "errors")
+
+    def __init__(self, acc: ReplyAcceptance, errors: float):
+        self.acc, self.errors = acc, errors
+
+    def alpha(self, i: int) -> float:
+        a = self.acc.alpha(i)
+        n = (self.acc.trials[i] if i < len(self.acc.trials) else 0.0) + self.acc.weight
+        return min(1.0, a + self.errors * (a * (1.0 - a) / (n + 1.0)) ** 0.5)
+
+
 class CopyBreaks:
     """Where this reply departed from the copies prompt lookup offered it, and how often later
     copies held at those places.

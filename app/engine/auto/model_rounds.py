@@ -20,13 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from app.engine.auto.acceptance import ALWAYS, Acceptance, model_class
+from app.engine.auto.acceptance import ALWAYS, Acceptance, Upper, model_class
 from app.engine.auto.costs import CostModel, Window
 from app.engine.auto.evidence import Evidence, Kind
 from app.engine.auto.planner import Plan, best_length, continue_rule
 from app.engine.auto.priors import (
     CONFIDENCE_FLOOR,
     CONFIDENCE_WINDOW,
+    ENGAGED_ERRORS,
     HORIZON,
     MODEL_CLASSES,
     PROBE_HOPE,
@@ -179,10 +180,11 @@ class ModelRounds:
             losing = self.evidence.losing(self.kind())
             if plan.k > 0 and losing:
                 plan = Plan(0, plan.rate, plan.plain_rate)
-            elif plan.k == 0 and not losing and self._hopeful():
-                hope = best_length(
-                    self._probe_optimism(), self.costs, d, limit, self.margin, catch_up, self.overrun()
-                )
+            elif plan.k == 0 and not losing and (self._hopeful() or catch_up == 0.0):
+                # on hope early in a reply; or, in step with the text, while this reply's acceptance
+                # could still be what a round needs (a pause would leave the draft behind)
+                optimism = self._probe_optimism() if self._hopeful() else Upper(acc, ENGAGED_ERRORS)
+                hope = best_length(optimism, self.costs, d, limit, self.margin, catch_up, self.overrun())
                 if hope.k:  # on hope: the estimate alone would not draft
                     plan = hope
                     decision = replace(decision, expected_speedup=hope.rate / hope.plain_rate)

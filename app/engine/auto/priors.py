@@ -68,6 +68,10 @@ REPLY_WEIGHT = (8.0, 4.0)
 # A kind of round is losing (paused for the rest of the reply, until a probe) when its recent rounds
 # delivered fewer tokens/s than plain rounds by more than this many standard errors of the difference.
 LOSING_ERRORS = 1.0
+# A draft model in step with the text (nothing to catch up) goes on drafting in a class while this
+# reply's acceptance there, this many standard errors above its estimate, says a round could pay:
+# stopping at break-even leaves the draft behind, and each later round that needs it pays a catch-up.
+ENGAGED_ERRORS = 2.0
 # Until a catch-up has been timed, the draft evaluates a token of a catch-up batch at this share of a
 # drafted token's cost (a batch shares the weights' reads): measured 16-token batches of the 0.5B
 # draft cost 0.31-0.36 of 16 single steps on the EPYC, 0.19 on the Xeon (docs/benchmarks.md).
