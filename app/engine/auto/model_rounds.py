@@ -5,8 +5,10 @@ A model round is planned at this reply's estimate of the draft's acceptance in t
 text decoded without it, and its predicted cost scaled by how much longer such rounds really took
 (the models evict each other from the CPU caches). A reply explores the draft model from its first
 rounds wherever the timed costs say it could pay at a plausible acceptance, and keeps it while its
-measured return holds; when it does not, the draft pauses and is probed now and then (with
-exponential back-off) so auto notices when drafting starts to pay.
+measured return holds, and while it is in step with the text, as long as this reply's acceptance
+could still pay (a paused draft falls behind, and resuming costs a catch-up); when it does not, the
+draft pauses and is probed now and then (with exponential back-off) so auto notices when drafting
+starts to pay.
 """
 
 from __future__ import annotations
