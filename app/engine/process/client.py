@@ -150,7 +150,7 @@ class EngineClient:
         """Why the engine process is gone (an :class:`EngineCrashedError` after a crash), while it is
         not restarted; None while it runs."""
         host = self._host
-        return host.exit_error if host is not None else None
+        return host.gone_error() if host is not None else None
 
     @property
     def wanted(self) -> LoadSettings | None:

@@ -261,6 +261,17 @@ class HostHandle:
         for q in queues:
             q.put(_DEAD)
 
+    def gone_error(self) -> Exception | None:
+        """Why the process is gone: its exit error, or, in the moment between its exit and the reader
+        thread noticing it, what its exit code says (None while it runs or after a clean stop)."""
+        if self.exit_error is not None or self.stopping or self.is_alive():
+            return self.exit_error
+        if self.process.pid is None:
+            return None
+        with self.lock:
+            whats = [what for _, what in self.pending.values()]
+        return self._crash_error(whats[0] if whats else "while idle")
+
     def _crash_error(self, during: str) -> EngineCrashedError:
         code = self.exitcode()
         tail = _tail(self.log_path)
