@@ -247,13 +247,11 @@ class HostHandle:
     def _on_exit(self) -> None:
         if self.join(5) is None:  # it closed its pipe but lives on: do not leave it half-alive
             self.kill()
-        with self.lock:
-            whats = [what for _, what in self.pending.values()]
         if self.stopping and not self.crashed:
             err: Exception = EngineError("the engine process was stopped (shutdown or restart)")
         else:
             self.crashed = True
-            err = self._crash_error(whats[0] if whats else "while idle")
+            err = self._crash_error(self._doing())
             log.error("%s", err)
         with self.lock:
             self.exit_error = err
@@ -268,9 +266,13 @@ class HostHandle:
             return self.exit_error
         if self.process.pid is None:
             return None
+        return self._crash_error(self._doing())
+
+    def _doing(self) -> str:
+        """What the process was doing: the first call in flight, or "while idle"."""
         with self.lock:
             whats = [what for _, what in self.pending.values()]
-        return self._crash_error(whats[0] if whats else "while idle")
+        return whats[0] if whats else "while idle"
 
     def _crash_error(self, during: str) -> EngineCrashedError:
         code = self.exitcode()
