@@ -19,6 +19,8 @@ jobs=${TANDEM_GPU_JOBS:-$(nproc)}
 src=$(mktemp -d /tmp/llama-cpp-src.XXXXXX)
 t0=$(date +%s)
 
+tar -xzf "$carry"/llama-cpp-python-*-src.tar.gz -C "$src" --strip-components=1
+
 arch=${TANDEM_GPU_ARCH:-}
 if [[ -z "$arch" ]] && command -v nvidia-smi >/dev/null; then
   arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '. ')
@@ -55,6 +57,17 @@ if [[ "$cmake_args" == *GGML_CUDA=ON* ]] && ! compgen -G "$cuda_root/lib64/stubs
   && ! compgen -G "$cuda_root/targets/*/lib/stubs/libcuda.so" >/dev/null; then
   driver=$( (ldconfig -p 2>/dev/null | awk '/libcuda\.so(\.1)? /{print $NF}'; \
     ls /usr/local/nvidia/lib64/libcuda.so* /usr/lib/x86_64-linux-gnu/libcuda.so* 2>/dev/null) | head -1 || true)
+  if [[ -z "$driver" ]] && command -v cc >/dev/null; then
+    # a machine with the toolkit and no GPU (building here to carry there): a stub under the driver's
+    # soname, defining the driver calls ggml-cuda makes; the real libcuda.so.1 is loaded where it runs
+    stub=$src/cuda-stub
+    mkdir -p "$stub"
+    grep -rhoE '\bcu[A-Z][A-Za-z0-9_]*[[:space:]]*\(' "$src/vendor/llama.cpp/ggml/src/ggml-cuda" \
+      | tr -d '( \t' | sort -u | sed 's/.*/void &(void) {}/' >"$stub/stub.c"
+    cc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$stub/libcuda.so" "$stub/stub.c"
+    driver=$stub/libcuda.so
+    echo "no libcuda.so here: linking a stub of the $(wc -l <"$stub/stub.c") driver calls ggml-cuda makes"
+  fi
   if [[ -n "$driver" ]]; then
     extra+=("-DCUDA_cuda_driver_LIBRARY=$driver")
   else
@@ -62,8 +75,6 @@ if [[ "$cmake_args" == *GGML_CUDA=ON* ]] && ! compgen -G "$cuda_root/lib64/stubs
     echo "no libcuda.so found: building without VMM memory pools" >&2
   fi
 fi
-
-tar -xzf "$carry"/llama-cpp-python-*-src.tar.gz -C "$src" --strip-components=1
 # shellcheck disable=SC2086  # the flags are words
 cmake -S "$src" -B "$src/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAVA_BUILD=OFF \
   -DGGML_NATIVE=OFF -DSKBUILD_PLATLIB_DIR="$site" -DCMAKE_INSTALL_PREFIX="$src/prefix" $cmake_args "${extra[@]}" >"$src/configure.log" 2>&1 \

@@ -8,6 +8,11 @@
 #                                        backends never built here; built there by packaging/gpu-build.sh
 #   wheels/*.whl                         pure-Python packages Tandem's engine imports that the machine's
 #                                        image lacks (diskcache for llama_cpp, gguf for the model writers)
+#   cuda-site.tar.xz                     with TANDEM_GPU_CARRY_CUDA_SITE=DIR (a site that packaging/gpu-build.sh
+#                                        built here for the GPU's compute capability, with the toolkit and no
+#                                        GPU): its llama_cpp package, each library once; gpu-run.sh then
+#                                        unpacks it instead of building (the build is 4-5 minutes of the
+#                                        GPU machine's time on 16 cores)
 #   vulkan-site.tar.xz, debs/*.deb       with TANDEM_GPU_CARRY_VULKAN_WHEEL=WHEEL (a Vulkan build made here,
 #                                        e.g. by install-dev.sh): its llama_cpp package, each library once
 #                                        (the wheel holds each six times: 77 MB), and the Vulkan loader's
@@ -17,12 +22,14 @@
 #                                                    # ~/.cache/tandem/sdist
 #
 # TANDEM_GPU_CARRY_DIR: the folder; TANDEM_GPU_CARRY_NO_WHEELS=1: no wheels (tests: nothing fetched).
-# Prints the folder and its size; exits 1 if it is over TANDEM_GPU_CARRY_LIMIT_MB (default 40: the
-# working tree travels in the same 64 MiB).
+# Prints the folder and its size; exits 1 if it is over TANDEM_GPU_CARRY_LIMIT_MB (default: 63 MiB less
+# the working tree, which travels in the same 64 MiB).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 out=${TANDEM_GPU_CARRY_DIR:-$here/build/gpu-carry}
-limit_mb=${TANDEM_GPU_CARRY_LIMIT_MB:-40}
+# the device tool carries 64 MiB with the working tree (tracked and untracked files git does not ignore)
+tree=$(cd "$here" && git ls-files -z -co --exclude-standard 2>/dev/null | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
+limit_mb=${TANDEM_GPU_CARRY_LIMIT_MB:-$((63 - ${tree:-8388608} / 1048576))}
 version=0.3.36
 name=llama_cpp_python-$version
 python=${PYTHON:-python3}
@@ -64,6 +71,16 @@ if [[ "${TANDEM_GPU_CARRY_NO_WHEELS:-0}" != 1 ]]; then
   mkdir -p "$out/wheels"
   # pure Python: any platform's wheel is the one; versions as in Tandem's own environment here
   "$python" -m pip download -q --no-deps --only-binary :all: -d "$out/wheels" diskcache==5.6.3 gguf==0.19.0
+fi
+
+rm -f "$out/cuda-site.tar.xz"
+if [[ -n "${TANDEM_GPU_CARRY_CUDA_SITE:-}" ]]; then
+  cs=$work/cuda-site
+  mkdir -p "$cs"
+  cp -r "$TANDEM_GPU_CARRY_CUDA_SITE/llama_cpp" "$cs/"
+  rm -rf "$cs/llama_cpp/server" "$cs"/llama_cpp/lib/libmtmd* "$cs"/llama_cpp/__pycache__
+  [[ -f "$cs/llama_cpp/lib/libggml-cuda.so" ]] || { echo "$TANDEM_GPU_CARRY_CUDA_SITE has no CUDA backend" >&2; exit 1; }
+  tar -cJf "$out/cuda-site.tar.xz" -C "$cs" .
 fi
 
 rm -rf "$out/vulkan-site.tar.xz" "$out/debs"

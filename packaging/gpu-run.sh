@@ -4,8 +4,9 @@
 #
 #     bash packaging/gpu-run.sh [bench.gpu_check options...]
 #
-# 1. builds the carried llama-cpp-python sources for the machine's GPU into /tmp/tandem-site
-#    (packaging/gpu-build.sh) and puts it first on the paths;
+# 1. unpacks a carried CUDA build into /tmp/tandem-site (cuda-site.tar.xz, built elsewhere for this GPU),
+#    or builds the carried llama-cpp-python sources for the machine's GPU there (packaging/gpu-build.sh),
+#    and puts it first on the paths;
 # 2. where a Vulkan build was carried, unpacks it into /tmp/vk-site (and the Vulkan loader's .deb into
 #    /tmp/vk-loader when the machine has no libvulkan.so.1), and measures it too (--backend);
 # 3. runs `python3 -m bench.gpu_check`, its JSON written to $OUT/gpu-check.json as each step ends, so a
@@ -24,10 +25,37 @@ dry=${GPU_RUN_DRY:-}
 t0=$(date +%s)
 
 { nvidia-smi -L; nproc; free -g | head -2; python3 --version; } 2>&1 | tee "$out/machine.txt"
+# the shared libraries a carried build links that this machine's loader does not find (the CUDA
+# runtime and cuBLAS, which a toolkit or pip's nvidia packages hold): their folders, for LD_LIBRARY_PATH
+library_dirs() {
+  local roots dirs=() name found
+  roots="/usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib $(python3 -c 'import nvidia; print(*nvidia.__path__)' 2>/dev/null || true)"
+  for name in $(ldd "$1"/llama_cpp/lib/*.so 2>/dev/null | awk '/not found/{print $1}' | sort -u); do
+    # shellcheck disable=SC2086  # several roots
+    found=$(find -L $roots -name "$name" 2>/dev/null | head -1)
+    [[ -n "$found" ]] && dirs+=("$(dirname "$found")") || echo "gpu-run: $name not found on this machine" >&2
+  done
+  (IFS=:; echo "${dirs[*]}")
+}
+
 if [[ -z "$dry" ]]; then
-  bash packaging/gpu-build.sh "$carry" "$site" 2>&1 | tee "$out/build.log"
-  [[ ${PIPESTATUS[0]} == 0 ]] || { echo "BUILD FAILED after $(($(date +%s) - t0)) s"; exit 2; }
-  # shellcheck disable=SC1091  # written by gpu-build.sh
+  if [[ -f "$carry/cuda-site.tar.xz" ]]; then
+    # built elsewhere for this GPU (gpu-carry.sh with TANDEM_GPU_CARRY_CUDA_SITE): unpacked, not built
+    rm -rf "$site" && mkdir -p "$site" && tar -xJf "$carry/cuda-site.tar.xz" -C "$site"
+    if compgen -G "$carry/wheels/*.whl" >/dev/null; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$carry"/wheels/*.whl
+    fi
+    dirs=$(library_dirs "$site")
+    {
+      echo "export PYTHONPATH=$site\${PYTHONPATH:+:\$PYTHONPATH}"
+      echo "export LD_LIBRARY_PATH=$dirs\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
+    } >"$site/env.sh"
+    echo "carried CUDA build unpacked into $site in $(($(date +%s) - t0)) s; libraries from: ${dirs:-the default paths}" | tee "$out/build.log"
+  else
+    bash packaging/gpu-build.sh "$carry" "$site" 2>&1 | tee "$out/build.log"
+    [[ ${PIPESTATUS[0]} == 0 ]] || { echo "BUILD FAILED after $(($(date +%s) - t0)) s"; exit 2; }
+  fi
+  # shellcheck disable=SC1091  # written above or by gpu-build.sh
   source "$site/env.sh"
 fi
 

@@ -265,3 +265,30 @@ def test_carry_script_strips_what_a_build_does_not_need(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "-m bench.gpu_check --out " + str(tmp_path / "out/gpu-check.json") in proc.stdout
     assert "--backend cuda=/tmp/tandem-site --reps 5" in proc.stdout and "--deadline" in proc.stdout
+
+
+def test_carry_script_packs_a_cuda_build_made_elsewhere(tmp_path: Path) -> None:
+    """A site built here for the GPU (with the toolkit, no GPU) travels as one archive, each library
+    once; a site without the CUDA backend is refused."""
+    site = tmp_path / "site"
+    lib = site / "llama_cpp/lib"
+    lib.mkdir(parents=True)
+    (site / "llama_cpp/__init__.py").write_text("")
+    (lib / "libllama.so").write_text("x")
+    env = {
+        "TANDEM_GPU_CARRY_DIR": str(tmp_path / "carry"),
+        "TANDEM_GPU_CARRY_NO_WHEELS": "1",
+        "TANDEM_GPU_CARRY_CUDA_SITE": str(site),
+        "PATH": "/usr/bin:/bin",
+    }
+    script = ["bash", str(REPO / "packaging/gpu-carry.sh"), str(_fake_sdist(tmp_path))]
+    proc = subprocess.run(script, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "has no CUDA backend" in proc.stderr
+    (lib / "libggml-cuda.so").write_text("x")
+    (lib / "libmtmd.so").write_text("x")
+    proc = subprocess.run(script, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    with tarfile.open(tmp_path / "carry/cuda-site.tar.xz") as t:
+        names = set(t.getnames())
+    assert {"./llama_cpp/__init__.py", "./llama_cpp/lib/libggml-cuda.so", "./llama_cpp/lib/libllama.so"} <= names
+    assert "./llama_cpp/lib/libmtmd.so" not in names
