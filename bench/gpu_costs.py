@@ -73,10 +73,20 @@ def gpu_buffer_bytes(lines: list[str]) -> int:
     )
 
 
+def gpu_bound_bytes(path: str | Path) -> int:
+    """Bytes of a model's tensors that an offload of every layer puts on the GPU: all but the token
+    embeddings, which llama.cpp keeps in host memory (a lookup, not a matrix product). The file's size
+    is no measure for small models, whose vocabulary metadata can outweigh their tensors."""
+    from gguf import GGUFReader
+
+    return sum(int(t.n_bytes) for t in GGUFReader(str(path)).tensors if t.name != "token_embd.weight")
+
+
 def check_on_gpu(name: str, lines: list[str], free_before: int, free_after: int, size: int) -> dict[str, Any]:
     """What llama.cpp said about the load of ``name`` and what the GPU's free memory did; raises
-    :class:`NotOnGPU` unless every layer went to the GPU and most of the file's bytes with them (by
-    llama.cpp's buffer sizes, and by the device's free memory where it reports one)."""
+    :class:`NotOnGPU` unless every layer went to the GPU and most of the ``size`` bytes that belong
+    there (:func:`gpu_bound_bytes`) with them (by llama.cpp's buffer sizes, and by the device's free
+    memory where it reports one)."""
     found = offload_lines(lines)
     report = {
         "offloaded": found[-1] if found else None,
@@ -136,7 +146,7 @@ def load(path: str, *, allow_cpu: bool) -> tuple[Any, dict[str, Any]]:
         model = Model(path, n_gpu_layers=-1)
     seconds = time.perf_counter() - t0
     try:
-        report = check_on_gpu(Path(path).name, lines, before, _gpu_free(), Path(path).stat().st_size)
+        report = check_on_gpu(Path(path).name, lines, before, _gpu_free(), gpu_bound_bytes(path))
     except NotOnGPU:
         if not allow_cpu:
             model.close()

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.gpu_costs import NotOnGPU, gpu_buffer_bytes, offload_lines
+from bench.gpu_costs import NotOnGPU, gpu_bound_bytes, gpu_buffer_bytes, offload_lines
 
 
 def log_since(path: str | None, offset: int) -> tuple[list[str], int]:
@@ -36,7 +36,7 @@ def check_engine_on_gpu(
 ) -> list[tuple[int, int]]:
     """llama.cpp's "offloaded N/M layers" lines of ``loads`` model loads in the engine's log; raises
     :class:`NotOnGPU` unless there are that many, each offloaded every layer, and its GPU buffers hold
-    most of the ``file_bytes`` the models' files have together."""
+    most of the ``file_bytes`` of the models' tensors that belong there (:func:`gpu_bound_bytes`)."""
     found = offload_lines(lines)
     if allow_cpu:
         return found
@@ -132,7 +132,7 @@ def run_engine(
         client.load(settings)
         out["load_seconds"] = round(time.perf_counter() - t0, 2)
         lines, _ = log_since(client.log_path, 0)
-        size = 2 * Path(target).stat().st_size
+        size = 2 * gpu_bound_bytes(target)
         out["offloaded"] = check_engine_on_gpu(lines, 2, allow_cpu=allow_cpu, file_bytes=size)
         info = client.loaded_info
         out["backend"] = info.backend if info else None
@@ -142,7 +142,15 @@ def run_engine(
         for _ in range(repeats):
             for name, gs in modes.items():
                 runs[name].append(_run(client, prompt, gs))
-    plain_tokens = runs["plain"][0]["tokens"]
+        plain_tokens = runs["plain"][0]["tokens"]
+        parted: dict[str, list[dict[str, Any]]] = {}  # where a run left plain's text, and the target's
+        for name, rs in runs.items():  # top-two logit gap there (a tie, or a real difference)
+            for r in rs:
+                if r["tokens"] != plain_tokens:
+                    pairs = zip(plain_tokens, r["tokens"], strict=False)
+                    at = next((i for i, (a, b) in enumerate(pairs) if a != b), len(r["tokens"]))
+                    gap = client.top2_gap(prompt + plain_tokens[:at])
+                    parted.setdefault(name, []).append({"at": at, "gap": round(gap, 4)})
     summary: dict[str, Any] = {}
     for name, rs in runs.items():
         k = 0 if name == "plain" else int(name[4:])
@@ -154,6 +162,7 @@ def run_engine(
                 sum(r["n_accepted"] for r in rs) / max(1, sum(r["n_drafted"] for r in rs)), 4
             ),
             "same_as_plain": all(r["tokens"] == plain_tokens for r in rs),
+            "parted": parted.get(name, []),
             "round_ms": _median(periods),
             "llama_ms": _median(llama),
             "rounds_measured": len(periods),

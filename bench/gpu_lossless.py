@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.gpu_costs import NotOnGPU
+from bench.gpu_costs import NotOnGPU, gpu_bound_bytes
 from bench.gpu_engine import check_engine_on_gpu, log_since
 
 PROMPTS = (
@@ -72,7 +72,7 @@ def check_pair(
         )
     )
     lines, _ = log_since(client.log_path, offset)
-    size = target.stat().st_size + draft.stat().st_size
+    size = gpu_bound_bytes(target) + gpu_bound_bytes(draft)
     offloaded = check_engine_on_gpu(lines, 2, allow_cpu=allow_cpu, file_bytes=size)
     counts = {"runs": 0, "equal": 0, "ties": 0, "failures": 0, "drafted": 0, "accepted": 0}
     failures: list[dict[str, Any]] = []

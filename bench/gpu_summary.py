@@ -47,6 +47,7 @@ def _engine_lines(e: dict[str, Any]) -> list[str]:
         lines.append(
             f"  {mode}: {', '.join(f'{x:.1f}' for x in m['tokens_per_second'])} tok/s; {m['round_ms']} ms "
             f"{what}{extra}; acceptance {m['acceptance']:.3f}; same as plain: {m['same_as_plain']}"
+            + "".join(f"; parted at {p['at']} (top-two gap {p['gap']:.3f})" for p in m.get("parted", []))
         )
     return lines
 

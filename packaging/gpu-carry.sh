@@ -16,7 +16,9 @@
 #   vulkan-site.tar.xz, debs/*.deb       with TANDEM_GPU_CARRY_VULKAN_WHEEL=WHEEL (a Vulkan build made here,
 #                                        e.g. by install-dev.sh): its llama_cpp package, each library once
 #                                        (the wheel holds each six times: 77 MB), and the Vulkan loader's
-#                                        .deb (apt-get download libvulkan1) for a machine without one
+#                                        .debs with the GL vendor library NVIDIA's Vulkan driver loads
+#                                        (apt-get download libvulkan1 libglvnd0 libglx0 libegl1) for a
+#                                        machine without them
 #
 #     bash packaging/gpu-carry.sh [SDIST.tar.gz]     # default: the sdist from pip's registry, kept in
 #                                                    # ~/.cache/tandem/sdist
@@ -98,7 +100,7 @@ if [[ -n "${TANDEM_GPU_CARRY_VULKAN_WHEEL:-}" ]]; then
   done
   tar -cJf "$out/vulkan-site.tar.xz" -C "$vk" .
   mkdir -p "$out/debs"
-  (cd "$out/debs" && apt-get download -q libvulkan1 >/dev/null) || echo "no Vulkan loader .deb (apt-get download libvulkan1 failed)" >&2
+  (cd "$out/debs" && apt-get download -q libvulkan1 libglvnd0 libglx0 libegl1 >/dev/null) || echo "no Vulkan loader .debs (apt-get download failed)" >&2
 fi
 
 total=$(du -sb "$out" | cut -f1)

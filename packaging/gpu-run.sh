@@ -7,8 +7,8 @@
 # 1. unpacks a carried CUDA build into /tmp/tandem-site (cuda-site.tar.xz, built elsewhere for this GPU),
 #    or builds the carried llama-cpp-python sources for the machine's GPU there (packaging/gpu-build.sh),
 #    and puts it first on the paths;
-# 2. where a Vulkan build was carried, unpacks it into /tmp/vk-site (and the Vulkan loader's .deb into
-#    /tmp/vk-loader when the machine has no libvulkan.so.1), and measures it too (--backend);
+# 2. where a Vulkan build was carried, unpacks it into /tmp/vk-site (and the Vulkan loader's and glvnd's
+#    .debs into /tmp/vk-loader when the machine lacks them), and measures it too (--backend);
 # 3. runs `python3 -m bench.gpu_check`, its JSON written to $OUT/gpu-check.json as each step ends, so a
 #    call stopped at its time limit still brings back what was measured; the logs beside it.
 #
@@ -24,7 +24,9 @@ export PYTHONUNBUFFERED=1
 dry=${GPU_RUN_DRY:-}
 t0=$(date +%s)
 
-{ nvidia-smi -L; nproc; free -g | head -2; python3 --version; } 2>&1 | tee "$out/machine.txt"
+{ nvidia-smi -L; nproc; free -g | head -2; python3 --version
+  ls /usr/local/nvidia/share/vulkan/icd.d /usr/share/vulkan/icd.d /etc/vulkan/icd.d 2>/dev/null
+  ldconfig -p | grep -E 'libvulkan|GLX_nvidia|GLdispatch' ; } 2>&1 | tee "$out/machine.txt"
 # the shared libraries a carried build links that this machine's loader does not find (the CUDA
 # runtime and cuBLAS, which a toolkit or pip's nvidia packages hold): their folders, for LD_LIBRARY_PATH
 library_dirs() {
@@ -62,7 +64,8 @@ fi
 backends=(--backend "cuda=$site")
 if [[ -f "$carry/vulkan-site.tar.xz" ]]; then
   rm -rf /tmp/vk-site && mkdir -p /tmp/vk-site && tar -xJf "$carry/vulkan-site.tar.xz" -C /tmp/vk-site
-  if ! ldconfig -p 2>/dev/null | grep -q 'libvulkan.so.1 '; then
+  # NVIDIA's Vulkan driver (libGLX_nvidia) needs glvnd's dispatch library beside the loader
+  if ! ldconfig -p 2>/dev/null | grep -q 'libvulkan.so.1 ' || ! ldconfig -p 2>/dev/null | grep -q 'libGLdispatch.so.0 '; then
     mkdir -p /tmp/vk-loader
     for deb in "$carry"/debs/*.deb; do [[ -f "$deb" ]] && dpkg -x "$deb" /tmp/vk-loader; done
     export LD_LIBRARY_PATH=/tmp/vk-loader/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}

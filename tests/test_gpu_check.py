@@ -290,5 +290,20 @@ def test_carry_script_packs_a_cuda_build_made_elsewhere(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     with tarfile.open(tmp_path / "carry/cuda-site.tar.xz") as t:
         names = set(t.getnames())
-    assert {"./llama_cpp/__init__.py", "./llama_cpp/lib/libggml-cuda.so", "./llama_cpp/lib/libllama.so"} <= names
+    want = {"./llama_cpp/__init__.py", "./llama_cpp/lib/libggml-cuda.so", "./llama_cpp/lib/libllama.so"}
+    assert want <= names
     assert "./llama_cpp/lib/libmtmd.so" not in names
+
+
+def test_the_bytes_a_full_offload_puts_on_the_gpu_leave_out_the_token_embeddings(tmp_path: Path) -> None:
+    """A tiny model's file is mostly vocabulary metadata; what must reach the GPU is its tensors less
+    the token embeddings llama.cpp keeps in host memory."""
+    from gguf import GGUFReader
+
+    from app.tiny_gguf import write_tiny_pair
+    from bench.gpu_costs import gpu_bound_bytes
+
+    target, _ = write_tiny_pair(tmp_path)
+    tensors = {t.name: int(t.n_bytes) for t in GGUFReader(str(target)).tensors}
+    assert gpu_bound_bytes(target) == sum(tensors.values()) - tensors["token_embd.weight"]
+    assert 0 < gpu_bound_bytes(target) < target.stat().st_size
