@@ -3,9 +3,11 @@
 The recorded replies (``bench/recorded/*.replies.json.gz``: the target's confidences and the draft's
 greedy predictions are in them) are replayed with each cost table: the AMD EPYC's, this Intel Xeon's
 (``bench/recorded/xeon-costs.json``, and ``xeon-costs-2026-11-27.json`` measured later, when a draft
-model round cost about 3 decode steps) and a laptop GPU's (synthesized, not measured: a verify batch
+model round cost about 3 decode steps), a laptop GPU's (synthesized, not measured: a verify batch
 costs about one decode step up to 16 tokens, ``bench.replay_history.gpu_ratios``; a 0.5B draft's step
-0.15 of a 7B target's, ``bench.gpu_check.ASSUMED_DRAFT``). For each table and category it prints
+0.15 of a 7B target's, ``bench.gpu_check.ASSUMED_DRAFT``) and each backend's table in a recorded GPU
+check (``bench/recorded/gpu-check-*.json``, after 512 tokens: ``h100-cuda``, ``h100-vulkan``). For
+each table and category it prints
 the best fixed setting (plain, speculative at draft lengths 1-8, lookup), auto mode's speedup over
 plain, and auto's ratio to that setting, and checks the issue's bar: auto within ``--within`` of the
 best fixed setting and never below plain::
@@ -36,7 +38,7 @@ XEON_LATER = RECORDED / "xeon-costs-2026-11-27.json"
 
 def tables() -> dict[str, tuple[list[float], list[float], str]]:
     """Name -> (verify ratios, draft ratios, where they come from)."""
-    from bench.gpu_check import ASSUMED_DRAFT
+    from bench.gpu_check import ASSUMED_DRAFT, measured_table
     from bench.gpu_replay import EPYC_TABLE
     from bench.replay_history import gpu_ratios
 
@@ -47,7 +49,16 @@ def tables() -> dict[str, tuple[list[float], list[float], str]]:
     if XEON_LATER.exists():
         later = json.loads(XEON_LATER.read_text(encoding="utf-8"))
         out["xeon-later"] = (later["ratios"], later["draft_ratios"], later["measured"])
-    out["gpu"] = (gpu_ratios(), list(ASSUMED_DRAFT), "a laptop GPU, synthesized (no GPU measured)")
+    out["gpu"] = (gpu_ratios(), list(ASSUMED_DRAFT), "a laptop GPU, synthesized (not measured)")
+    for path in sorted(RECORDED.glob("gpu-check-*.json")):  # measured by bench.gpu_check on a lent GPU
+        check = json.loads(path.read_text(encoding="utf-8"))
+        gpu = path.stem.removeprefix("gpu-check-").rsplit("-", 3)[0]
+        for backend, costs in check.get("costs", {}).items():
+            if "contexts" in costs:
+                ratios, draft, used = measured_table(costs, "512")
+                env = check["environment"]
+                where = f"{env.get('nvidia_smi', gpu)}, {backend}, {env['date']}"
+                out[f"{gpu}-{backend}"] = (ratios, draft, f"measured after {used} tokens: {where}")
     return out
 
 
@@ -93,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--orders", type=int, default=3, help="auto mode replayed in this many orders")
     p.add_argument("--within", type=float, default=0.05, help="auto's allowed shortfall to the best fixed")
     p.add_argument(
-        "--tables", default="", help="only these tables (comma-separated: epyc, xeon, xeon-later, gpu)"
+        "--tables",
+        default="",
+        help="only these tables (comma-separated: epyc, xeon, xeon-later, gpu, h100-cuda, h100-vulkan)",
     )
     p.add_argument("--sets", default="", help="only these recorded sets (single-turn, multi-turn)")
     p.add_argument("--json", type=Path, help="write the figures here")

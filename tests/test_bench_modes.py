@@ -72,7 +72,8 @@ def test_recorded_tables_replay_auto_against_every_fixed_setting(tmp_path, capsy
     assert code in (0, 1)  # 1: some category misses the bar (printed as such)
     assert "| category | best fixed | its speedup | auto | auto / best fixed | worst order | bar |" in printed
     figures = json.loads(out.read_text())
-    assert set(figures) == {"multi-turn/epyc", "multi-turn/xeon", "multi-turn/xeon-later", "multi-turn/gpu"}
+    tables = ("epyc", "xeon", "xeon-later", "gpu", "h100-cuda", "h100-vulkan")  # the last two: a GPU check's
+    assert set(figures) == {f"multi-turn/{t}" for t in tables}
     for rows in figures.values():
         fixed = rows["all"]["fixed"]
         assert {"plain", "lookup", *(f"spec{n}" for n in range(1, 9))} == set(fixed)
