@@ -12,8 +12,10 @@ evaluations, the draft's and target's logits read back (each read waits for the 
 from __future__ import annotations
 
 import itertools
+import json
 import random
 import statistics
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -53,6 +55,16 @@ def check_engine_on_gpu(
     if partial:
         raise NotOnGPU(f"the engine process offloaded only {', '.join(partial)} layers to the GPU")
     return found
+
+
+def auto_costs(folder: Path) -> dict[str, Any] | None:
+    """The costs auto mode held when the engine closed (timed at load, then by every round), in decode
+    steps per batch size, as it saves them for the next session (:class:`~app.engine.auto.AutoMemory`)."""
+    for path in sorted(folder.glob("auto-*.json")):
+        state = json.loads(path.read_text(encoding="utf-8")).get("state") or {}
+        if isinstance(state.get("costs"), dict):
+            return state["costs"]
+    return None
 
 
 def predicted_round_ms(table: dict[str, Any], k: int) -> float | None:
@@ -116,8 +128,15 @@ def run_engine(
     from app.engine import EngineClient, GenerationSettings, LoadSettings
 
     gpu = 0 if allow_cpu else -1
+    memory = Path(tempfile.mkdtemp(prefix="tandem-gpu-engine-"))  # where the engine keeps what auto timed
     settings = LoadSettings(
-        target, target, n_ctx=n_ctx, n_threads=threads, n_gpu_layers=gpu, n_gpu_layers_draft=gpu
+        target,
+        target,
+        n_ctx=n_ctx,
+        n_threads=threads,
+        n_gpu_layers=gpu,
+        n_gpu_layers_draft=gpu,
+        history_dir=str(memory),
     )
     rng = random.Random(1)
     prompt = [rng.randrange(3, 500) for _ in range(200)]  # the tokenizer's real tokens, any text will do
@@ -177,5 +196,6 @@ def run_engine(
             row["overhead_share"] = round(statistics.median(periods) / want - 1, 4)
         summary[name] = row
     out["modes"] = summary
+    out["auto_costs"] = auto_costs(memory)
     out["runs"] = {m: [{k: v for k, v in r.items() if k != "tokens"} for r in rs] for m, rs in runs.items()}
     return out

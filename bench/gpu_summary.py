@@ -49,6 +49,10 @@ def _engine_lines(e: dict[str, Any]) -> list[str]:
             f"{what}{extra}; acceptance {m['acceptance']:.3f}; same as plain: {m['same_as_plain']}"
             + "".join(f"; parted at {p['at']} (top-two gap {p['gap']:.3f})" for p in m.get("parted", []))
         )
+    ac = e.get("auto_costs")
+    if ac and ac.get("ratios"):
+        sizes = ", ".join(f"{b}: {r:.2f}" for b, r in ac["ratios"].items())
+        lines.append(f"  auto mode's costs when the engine closed (decode steps per batch): {sizes}")
     return lines
 
 

@@ -212,6 +212,7 @@ def test_engine_and_lossless_steps_on_the_cpu(tiny_models: dict, tmp_path: Path)
     assert e["modes"]["spec3"]["same_as_plain"] and e["modes"]["spec3"]["acceptance"] == 1.0
     assert e["modes"]["spec3"]["predicted_ms"] == pytest.approx(1.2 + 2 + 1.4)
     assert e["modes"]["plain"]["round_ms"] > 0
+    assert e["auto_costs"]["ratios"]  # what auto mode timed at load and kept, as the next session reads it
     lo = run_lossless(
         tmp_path,
         pairs=("llama",),

@@ -376,6 +376,7 @@ class Context:
 
         Returns the number of logit rows available through :meth:`logits`, in batch order. Batches larger
         than ``n_batch`` are split; logits are then only kept for the final chunk's requested rows.
+        Returns when the evaluation is done, also on a GPU.
         """
         n = len(tokens)
         if n == 0:
@@ -412,6 +413,11 @@ class Context:
             self._n_out = n_out
             if self.on_decode is not None:
                 self.on_decode(tokens[chunk.start : chunk.stop], pos0 + start)
+        # A GPU backend returns from llama_decode once the work is queued; waiting here, not at the
+        # first logits read, puts the evaluation's time where auto mode times it (its verify batches,
+        # draft steps and warm-up would otherwise time the queueing: an H100's batch of 8 read as one
+        # decode step, not two). Nothing is lost: every caller reads the logits or decodes again next.
+        llama_cpp.llama_synchronize(self._handle)
         return self._n_out
 
     def logits(self, i: int) -> np.ndarray:

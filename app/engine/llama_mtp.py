@@ -142,6 +142,7 @@ class MtpContext:
             if rc != 0:
                 raise DecodeError(f"the MTP head's decode failed with code {rc}")
             self._n = stop - start
+        llama_cpp.llama_synchronize(self._handle)  # done on a GPU too, as Context.decode: timed whole
 
     def logits(self) -> np.ndarray:
         """Logits of the last decode's last token (a view: copy it to keep it)."""
