@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import shutil
 import statistics
 import tempfile
 import time
@@ -197,5 +198,6 @@ def run_engine(
         summary[name] = row
     out["modes"] = summary
     out["auto_costs"] = auto_costs(memory)
+    shutil.rmtree(memory, ignore_errors=True)
     out["runs"] = {m: [{k: v for k, v in r.items() if k != "tokens"} for r in rs] for m, rs in runs.items()}
     return out
