@@ -359,6 +359,7 @@ def write_tiny_llama(
     name: str = "tiny",
     quant: Literal["F32", "Q4_0", "Q8_0"] = "F32",
     split_tensors: int = 0,
+    memoryless: bool = False,
 ) -> Path:
     """Write a tiny llama-architecture GGUF (F32 weights) to ``path`` and return the path.
 
@@ -372,6 +373,9 @@ def write_tiny_llama(
     Weights are drawn from ``numpy.random.default_rng(seed)``. With ``base_seed``, they are instead the
     weights of ``base_seed`` plus, for each tensor, gaussian noise (from ``seed``) of ``noise`` times
     that tensor's standard deviation: a draft of the model ``base_seed``. Deterministic.
+
+    ``memoryless`` zeroes every layer's output projections, so the next token is a function of the
+    current token alone: greedy text soon runs in a cycle, a text that repeats itself for copies.
     """
     if n_embd % n_head or n_head % n_head_kv:
         raise ValueError("n_embd must be a multiple of n_head, and n_head of n_head_kv")
@@ -388,6 +392,11 @@ def write_tiny_llama(
         for key, w in weights.items():
             scale = np.float32(noise * float(w.std()))
             weights[key] = (w + scale * rng.standard_normal(w.shape, dtype=np.float32)).astype(np.float32)
+
+    if memoryless:
+        for key in weights:
+            if key.endswith(("attn_output.weight", "ffn_down.weight")):
+                weights[key] = np.zeros_like(weights[key])
 
     path.parent.mkdir(parents=True, exist_ok=True)
     writer = GGUFWriter(path, "llama", split_max_tensors=split_tensors)

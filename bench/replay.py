@@ -205,7 +205,7 @@ def _replay(
             a = accepted(prop.tokens, r.tokens, pos)
             batch = 1 + len(prop.tokens)
             verify = costs.verify(batch)
-            drafting = prop.t_sync + prop.t_steps + len(prop.tokens) * STEP * DRAFT_PYTHON
+            drafting = prop.t_sync + prop.t_steps + (len(prop.tokens) - prop.copied) * STEP * DRAFT_PYTHON
             # a draft cut to nothing before verifying (see ModelRounds._worth_verifying) was still made
             seconds = verify + (drafting if prop.source is Source.MODEL else 0.0)
             new = a + 1

@@ -154,3 +154,28 @@ class FixedDraft:
         from app.engine.drafting import Proposal
 
         return Proposal(tuple(range(7, 7 + k)), (None,) * k, (0.99,) * k, self.source, 0.0, 0.0, k - 1, 0.0)
+
+
+class OracleDraft(StaleDraft):
+    """A draft model stand-in that always drafts the reply's next tokens (teacher forced: ``reply``
+    follows ``prompt``), sure of each, stopping where ``keep_going`` says."""
+
+    name = "model"
+    p_min = 0.0
+
+    def __init__(self, prompt: list[int], reply: list[int]):
+        super().__init__(1)
+        self.prompt, self.reply = prompt, reply
+
+    def begin(self, prompt, *, evaluate: bool = True) -> float:
+        return 0.0
+
+    def propose(self, tokens, k, params, rng, *, keep_going=None, grammar=None):
+        at = len(tokens) - len(self.prompt)
+        ids: list[int] = []
+        for j, tok in enumerate(self.reply[at : at + k]):
+            ids.append(tok)
+            if keep_going is not None and not keep_going(j, [0.99] * len(ids)):
+                break
+        n = len(ids)
+        return Proposal(tuple(ids), (None,) * n, (0.99,) * n, Source.MODEL, 0.0, n_steps=max(0, n - 1))

@@ -10,6 +10,7 @@ from auto_doubles import (
     Avx512Cpu,
     EpycCpu,
     MeasuredCpu,
+    OracleDraft,
     SlowBatchCpu,
     SureDraft,
     SyntheticCosts,
@@ -28,7 +29,7 @@ from app.engine.auto.copies import CopyRounds
 from app.engine.auto.evidence import PLAIN
 from app.engine.drafting import EMPTY, LookupDrafter, Outcome, Proposal
 from app.engine.engine import Engine, GenerationSettings, LoadSettings
-from app.engine.events import Action, Declined, Source
+from app.engine.events import Action, Declined, Source, Step
 
 
 def test_lookup_reports_the_longest_recent_match() -> None:
@@ -40,6 +41,22 @@ def test_lookup_reports_the_longest_recent_match() -> None:
     assert prop.match == 5 and prop.tokens == (4, 8, 8, 5)
     short = lk.propose([*text, 5, 6, 1, 2, 3, 4, 8, 0, 3, 9], 2, None, None)  # type: ignore[arg-type]
     assert short.match == 2 and short.tokens == (7, 7)
+
+
+def test_lookup_finds_the_copy_that_goes_on_after_a_draft_and_keeps_no_trace_of_it() -> None:
+    lk = LookupDrafter()
+    text = [1, 2, 3, 9, 7, 7, 5, 6, 1, 2, 3, 4, 8, 8]
+    lk.begin(text)
+    after = lk.after([*text, 5], [6, 1, 2, 3], 3)
+    # "5" then the draft "6 1 2 3" match the copy at index 6: it goes on with "4 8 8"
+    assert after.match == 5 and after.tokens == (4, 8, 8) and after.origin == 11
+    assert lk.after([*text, 5], [0, 0], 3).tokens == ()  # nothing follows "0 0" in the text
+    # the draft's tokens were neither indexed nor taken as the copy in progress
+    fresh = LookupDrafter()
+    fresh.begin(text)
+    for drafter in (lk, fresh):
+        prop = drafter.propose([*text, 5, 6, 0, 3, 9], 2, None, None)  # type: ignore[arg-type]
+        assert (prop.match, prop.tokens) == (2, (7, 7))
 
 
 def test_lookup_prefers_the_match_nearest_the_copy_in_progress() -> None:
@@ -407,3 +424,56 @@ def test_copies_offered_but_not_drafted_are_followed_as_evidence(monkeypatch) ->
     monkeypatch.setattr(CopyRounds, "follow", lambda self, tokens, end=False: None)
     blind = decode_teacher_forced(AutoDrafter(None, LookupDrafter(), costs=costs), prompt, reply, costs)
     assert not blind, "without following undrafted copies, the prior alone never drafts them"
+
+
+def records(values: list[int]) -> list[int]:
+    """Records of the same shape (a key, a value, more keys) with these values."""
+    out: list[int] = []
+    for v in values:
+        out += [10, 11, 12, 13, v, 20, 21, 22, 23, 24, 25, 26, 27, 28, v + 1, 30, 31]
+    return out
+
+
+def test_a_copy_goes_on_where_the_draft_models_draft_ends() -> None:
+    """Records with new values: prompt lookup alone breaks at each value, the draft model writes the
+    values, and the copy of the records' shape goes on after its draft in the same batch."""
+    prompt, reply = [1, 2, *records([50, 60, 70])], records([80, 90, 100, 110, 120, 130])
+    auto = AutoDrafter(OracleDraft(prompt, reply), LookupDrafter(), n_max=4, costs=GPU_LIKE)  # type: ignore[arg-type]
+    drafts = decode_teacher_forced(auto, prompt, reply, GPU_LIKE)
+    after = [p for p in drafts if p.copied]
+    assert after and all(p.source is Source.MODEL and len(p.tokens) > p.copied for p in after)
+    assert all(p.decision.copied == p.copied and p.decision.match == p.match for p in after)
+    assert max(p.copied for p in after) > 4  # past what the draft model may draft in a round
+    # the copy is judged as a copy: its class learned that it held
+    held = [e.hits[0] for (s, _, _), e in auto.evidence.reply.items() if s is Source.LOOKUP]
+    assert max(held) > 0
+    assert len(reply) / len(drafts) > 5  # a round delivers more than the draft model's n_max + 1
+
+
+def test_a_copy_after_the_draft_is_not_added_where_batches_are_dear() -> None:
+    prompt, reply = [1, 2, *records([50, 60, 70])], records([80, 90, 100, 110])
+    auto = AutoDrafter(OracleDraft(prompt, reply), LookupDrafter(), n_max=4, costs=EXPENSIVE)  # type: ignore[arg-type]
+    assert not any(p.copied for p in decode_teacher_forced(auto, prompt, reply, EXPENSIVE))
+
+
+def test_a_copy_after_the_draft_is_verified_losslessly_by_llama_cpp(tmp_path) -> None:
+    """A model whose next token depends on the current one alone runs in a cycle; the prompt holds
+    part of that cycle and ends where the reply will reach it in a few tokens. The draft model (the
+    model itself) drafts the way in, prompt lookup copies the cycle after its draft, and the output
+    is plain decoding's."""
+    from app.tiny_gguf import write_tiny_llama
+
+    path = write_tiny_llama(tmp_path / "cycle.gguf", seed=1, memoryless=True)
+    with Engine(LoadSettings(str(path), str(path), n_ctx=512), costs=GPU_LIKE) as eng:
+        walk = eng.run([5], GenerationSettings(mode="plain", max_tokens=80)).tokens
+        start = next(i for i, t in enumerate(walk) if t in walk[i + 1 :])  # where the cycle begins
+        cycle = walk[start : walk.index(walk[start], start + 1)]
+        assert 8 <= len(cycle) <= 40 and start >= 2
+        prompt = [*cycle[: len(cycle) // 2], 5]
+        plain = eng.run(prompt, GenerationSettings(mode="plain", max_tokens=60)).tokens
+        events = eng.generate(prompt, GenerationSettings(mode="auto", max_tokens=60))
+        steps = [e for e in events if isinstance(e, Step)]
+    assert tuple(t for s in steps for t in s.tokens) == plain
+    after = [s for s in steps if s.decision.copied]
+    assert after and all(s.drafter is Source.MODEL for s in after)
+    assert any(s.n_accepted > s.n_drafted - s.decision.copied for s in after)  # copied tokens accepted

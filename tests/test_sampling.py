@@ -202,3 +202,31 @@ def test_top_probability_is_exact_at_or_above_its_floor_and_a_bound_below_it() -
     assert top_probability(one_hot[::-1].copy(), 0.9) == pytest.approx(1.0)
     tie = np.zeros(4, dtype=np.float32)
     assert top_probability(tie, 0.9) == pytest.approx(0.5)  # two equal largest: at most one half
+
+
+def test_a_sampled_draft_followed_by_a_copy_keeps_the_targets_law() -> None:
+    """Auto mode verifies a draft model's sampled tokens and, after them, a copy chosen from them (a
+    point mass at each position): the round's first two tokens still follow the target's joint law."""
+    from app.engine.drafting import Proposal
+    from app.engine.events import Source
+    from app.engine.speculative import verify
+
+    p0 = np.array([0.4, 0.3, 0.2, 0.1])
+    p1 = {t: np.roll([0.5, 0.25, 0.15, 0.1], t) for t in range(4)}  # the second token's law after t
+    q0 = np.array([0.1, 0.6, 0.2, 0.1])
+    copy = {0: 3, 1: 1, 2: 0, 3: 2}  # the copied token after each first token
+    params = SamplingParams(temperature=1.0)
+    rng = np.random.default_rng(11)
+    n = 40_000
+    counts = np.zeros((4, 4), dtype=np.int64)
+    for _ in range(n):
+        d0 = int(rng.choice(4, p=q0))
+        proposal = Proposal((d0, copy[d0]), (q0, None), (float(q0[d0]), 1.0), Source.MODEL, 0.0, copied=1)
+        rows = {0: np.log(p0), 1: np.log(p1[d0]), 2: np.log(np.full(4, 0.25))}
+        out, _ = verify(lambda i, rows=rows: rows[i], [5], proposal, params, rng)
+        if len(out) < 2:  # the first token was rejected: the next round draws the second
+            out.append(int(rng.choice(4, p=p1[out[0]])))
+        counts[out[0], out[1]] += 1
+    joint = p0[:, None] * np.array([p1[t] for t in range(4)])
+    stat, dof = chi_square(counts.ravel(), joint.ravel())
+    assert stat < 44.26, f"chi2={stat:.1f} dof={dof}"  # the 99.99 % quantile at 15 degrees of freedom

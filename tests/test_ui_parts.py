@@ -238,6 +238,10 @@ def test_status_words_each_decision_from_its_fields() -> None:
         Action.DRAFT, Policy.AUTO, Source.MODEL, k=4, target_sure=None, sure_floor=0.9, acceptance=0.8
     )
     assert describe_decision(model) == "draft model: target under 90% sure, 80% acceptance"
+    then_copy = Decision(Action.DRAFT, Policy.AUTO, Source.MODEL, k=3, target_sure=0.95, copied=12, match=5)
+    assert describe_decision(then_copy) == (
+        "draft model: target 95% sure, then 12 tokens copied after a 5-token match"
+    )
     assert describe_decision(Decision(Action.NO_MATCH, Policy.AUTO)) == "no n-gram match"
     assert describe_decision(Decision(Action.PROBE, Policy.AUTO, Source.MODEL, k=2)).startswith("probing")
     m = ReplyMeter(t_sent=0.0)

@@ -95,6 +95,9 @@ class Decision:
     capped: bool = False  # fixed: ``k`` was cut short by the token budget or the context
     recent_acceptance: float | None = None  # adaptive: the per-token acceptance it followed
     match: int = 0  # prompt lookup: tokens of the context's end that matched where the copy came from
+    # draft model: tokens copied where its draft ends (prompt lookup going on after it, after a
+    # ``match``-token match)
+    copied: int = 0
     resumes_copy: bool = False  # prompt lookup: the match resumes the last copy after a small edit
     copy_broke_at: int = 0  # prompt lookup: an earlier copy of this text broke at this token (1-based)
     # draft model: the least sure the target was of its last few tokens; None when under ``sure_floor``

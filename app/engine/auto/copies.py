@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
-from app.engine.auto.acceptance import AtBreaks, CopyBreaks, lookup_class
+from app.engine.auto.acceptance import AtBreaks, CopyBreaks, ReplyAcceptance, lookup_class
 from app.engine.auto.costs import CostModel
 from app.engine.auto.evidence import COPIERS, Evidence, Kind
 from app.engine.auto.planner import Plan, best_length
@@ -73,9 +73,14 @@ class CopyRounds:
         (source, c), _ = self.kind(tokens, found)
         acc = self.evidence.estimate(source, c)
         view = AtBreaks(acc, at_breaks, self.breaks.rate()) if at_breaks else acc
-        first = acc.trials[0] or found.match >= COPYING  # a copy in progress is not capped
-        room = len(found.tokens) if first else min(len(found.tokens), FIRST_LOOKUP)
-        return best_length(view, self.costs, 0.0, room, self.margin)
+        return best_length(view, self.costs, 0.0, self.room(acc, found), self.margin)
+
+    @staticmethod
+    def room(acc: ReplyAcceptance, found: Proposal) -> int:
+        """How much of a copy may be drafted: the first of its class in a reply is capped (a copy in
+        progress is not)."""
+        first = acc.trials[0] or found.match >= COPYING
+        return len(found.tokens) if first else min(len(found.tokens), FIRST_LOOKUP)
 
     def better(self, tokens: Sequence[int], context: Proposal, history: Proposal) -> bool:
         """The history's copy is another text than the context's and is expected to pay more.
@@ -161,6 +166,25 @@ class CopyRounds:
         self.evidence.estimate(source, c, sure).observe(drafted, held)
         if held and diagonal is not None:
             self.diagonal = diagonal  # a copy in progress: a short match after an edit resumes it
+
+    def after(
+        self, tokens: Sequence[int], k: int, found: Proposal
+    ) -> tuple[Kind, int, AtBreaks | ReplyAcceptance, int]:
+        """The kind, diagonal, acceptance estimate and room of a copy ``found`` to follow a draft of
+        ``k`` tokens after ``tokens`` (judged as a copy at that place, given the draft was right)."""
+        diagonal = len(tokens) + k - found.origin
+        kind: Kind = (Source.LOOKUP, self.lookup_class(found.match, diagonal))
+        acc = self.evidence.estimate(*kind)
+        at_breaks = self.breaks.at(found)
+        view = AtBreaks(acc, at_breaks, self.breaks.rate()) if at_breaks else acc
+        return kind, diagonal, view, self.room(acc, found)
+
+    def observe_after(self, kind: Kind, diagonal: int, n_drafted: int, n_accepted: int) -> None:
+        """Learn from a copy verified after a draft that was accepted whole."""
+        self.evidence.pooled(*kind, self.evidence.sure).observe(n_drafted, n_accepted, ())
+        self.evidence.estimate(*kind).observe(n_drafted, n_accepted)
+        if n_accepted:
+            self.diagonal = diagonal
 
     def observe(self, proposal: Proposal, outcome: Outcome) -> None:
         """Learn from a round that drafted a copy."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -33,6 +34,7 @@ from app.engine.auto.copies import CopyRounds
 from app.engine.auto.costs import CostModel, DraftCosts, MeasuredCosts
 from app.engine.auto.evidence import COPIERS, PLAIN, Evidence, Kind
 from app.engine.auto.model_rounds import ModelRounds
+from app.engine.auto.planner import best_extension
 from app.engine.auto.priors import (
     CONFIDENCE_FLOOR,
     CONFIDENCE_WINDOW,
@@ -116,6 +118,7 @@ class AutoDrafter:
         self._since_plain = 0
         self._n_rounds = 0  # rounds planned (for fading the evidence by class)
         self.rest = 0  # tokens this reply is expected to produce still (see REPLY_MIN)
+        self._after: tuple[Kind, int] | None = None  # the kind and diagonal of a copy after a draft
         self._prompt_len = 0
 
     def begin(self, prompt: Sequence[int]) -> float:
@@ -192,10 +195,50 @@ class AutoDrafter:
                 tokens, limit, params, rng, t0, rest=self.rest, copy_share=self.copies.share, grammar=grammar
             )
             if not isinstance(drafted, Action):
-                return drafted
+                return self._copy_after(tokens, drafted, rounds, min(k, self.lookup_max), grammar)
             first = first or (drafted, rounds.source)
         assert first is not None
         return _no_draft(first[0], t0, declined, first[1])
+
+    def _copy_after(
+        self,
+        tokens: Sequence[int],
+        drafted: Proposal,
+        rounds: ModelRounds,
+        room: int,
+        grammar: Grammar | None,
+    ) -> Proposal:
+        """The draft, with the copy prompt lookup finds where it ends appended where that is expected
+        to pay: a copy's tokens cost only a longer batch, and where the text repeats a structure with
+        new values in it (records, an edited file) the draft writes the values and the copy the rest."""
+        self._after = None
+        k = len(drafted.tokens)
+        if not k or rounds.probing or room <= k:
+            return drafted
+        found = self.lookup.after(tokens, drafted.tokens, room - k, grammar=grammar)
+        if not found.tokens:
+            return drafted
+        kind, diagonal, acc, copy_room = self.copies.after(tokens, k, found)
+        calibration = self.evidence.calibration[rounds.source]
+        reach, expected = 1.0, 1.0
+        for c in drafted.confidence:
+            reach *= calibration.calibrated(c)
+            expected += reach
+        m = best_extension(reach, expected, drafted.t_steps, k, acc, self.costs, copy_room)
+        if m == 0:
+            return drafted
+        self._after = (kind, diagonal)
+        decision = drafted.decision and replace(drafted.decision, copied=m, match=found.match)
+        return replace(
+            drafted,
+            decision=decision,
+            tokens=drafted.tokens + found.tokens[:m],
+            q=drafted.q + found.q[:m],
+            confidence=drafted.confidence + found.confidence[:m],
+            match=found.match,
+            origin=found.origin,
+            copied=m,
+        )
 
     def observe(self, proposal: Proposal, outcome: Outcome) -> None:
         self.costs.observe_verify(outcome.batch, outcome.t_verify)
@@ -219,6 +262,14 @@ class AutoDrafter:
         if proposal.source in COPIERS:
             self.copies.observe(proposal, outcome)
         elif rounds is not None:
+            if proposal.copied and self._after is not None:  # the draft's part, and the copy's
+                k = len(proposal.tokens) - proposal.copied
+                if outcome.n_accepted >= k:
+                    self.copies.observe_after(*self._after, proposal.copied, outcome.n_accepted - k)
+                proposal = replace(
+                    proposal, tokens=proposal.tokens[:k], q=proposal.q[:k], confidence=proposal.confidence[:k]
+                )
+                outcome = replace(outcome, n_drafted=k, n_accepted=min(k, outcome.n_accepted))
             rounds.observe(proposal, outcome, seconds, charged)
 
     def state(self) -> dict[str, Any]:

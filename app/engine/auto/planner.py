@@ -61,6 +61,27 @@ def best_length(
     return best
 
 
+def best_extension(
+    reach: float, expected: float, spent: float, k: int, acc: Estimate, costs: CostModel, room: int
+) -> int:
+    """How many copied tokens to verify after a draft of ``k`` tokens that is all accepted with
+    probability ``reach`` and delivers ``expected`` tokens, for ``spent`` seconds of drafting: the
+    number with the highest expected tokens per second (0: the draft alone)."""
+    v = costs.verify(k + 1)
+    if v is None:
+        return 0
+    best, best_rate = 0, expected / (spent + v)
+    for m in range(1, room + 1):
+        vm = costs.verify(k + m + 1)
+        if vm is None:
+            break
+        reach *= acc.alpha(m - 1)
+        expected += reach
+        if expected / (spent + vm) > best_rate:
+            best, best_rate = m, expected / (spent + vm)
+    return best
+
+
 class Calibration(Protocol):
     def calibrated(self, confidence: float) -> float: ...
 

@@ -95,12 +95,14 @@ class LookupDrafter:
                         del ends[0]
         self._indexed = max(self._indexed, len(toks) - 1)
 
-    def _match_length(self, end: int, n: int) -> int:
-        """How far the match of the context's end with the text before ``end`` reaches back."""
+    def _match_length(self, end: int, n: int, ahead: Sequence[int] = ()) -> int:
+        """How far the match of the context's end (followed by ``ahead``) with the text before ``end``
+        reaches back."""
         toks, m, rep = self._tokens, n, self.replaced
-        last = len(toks)
+        last, extra = len(toks), len(ahead)
         while m < self.MATCH_CAP and end - m - 1 >= 0:
-            a, b = toks[end - m - 1], toks[last - m - 1]
+            i = m + 1  # the i-th token from the end of the context and ``ahead``
+            a, b = toks[end - i], (ahead[extra - i] if i <= extra else toks[last + extra - i])
             if a != b and rep.get(a) != b:
                 break
             m += 1
@@ -134,11 +136,11 @@ class LookupDrafter:
                     self.replaced[old] = new
                     self._restored[new] = old
 
-    def _candidates(self, n: int) -> list[int]:
-        """End indexes of earlier occurrences of the context's last ``n`` tokens (as the text was
-        before this reply's edit, too)."""
+    def _candidates(self, n: int, ahead: Sequence[int] = ()) -> list[int]:
+        """End indexes of earlier occurrences of the last ``n`` tokens of the context followed by
+        ``ahead`` (as the text was before this reply's edit, too)."""
         toks = self._tokens
-        key = tuple(toks[-n:])
+        key = tuple([*toks[-n:], *ahead][-n:]) if ahead else tuple(toks[-n:])
         ends = [e for e in self._index[n].get(key, ()) if e < len(toks)]
         if self._restored:
             before = tuple(self._restored.get(t, t) for t in key)
@@ -161,22 +163,46 @@ class LookupDrafter:
             return EMPTY
         t0 = time.perf_counter()
         self._extend(tokens)
-        toks = self._tokens
-        if len(toks) - 2 > self._learned_to:
+        if len(self._tokens) - 2 > self._learned_to:
             self._learn_edits()
-        last = len(toks)
+        return self._copy(k, (), grammar, t0)
+
+    def after(
+        self,
+        tokens: Sequence[int],
+        ahead: Sequence[int],
+        k: int,
+        *,
+        grammar: Grammar | None = None,
+    ) -> Proposal:
+        """A copy of up to ``k`` tokens to follow ``ahead``, tokens drafted after ``tokens`` (by a draft
+        model: the copy goes on where its draft ends); with a ``grammar`` (in the state after
+        ``tokens``), cut before the first token it forbids after ``ahead``. Nothing is learned from it:
+        the text is not known to go on with ``ahead``."""
+        if k <= 0 or not ahead:
+            return EMPTY
+        t0 = time.perf_counter()
+        self._extend(tokens)
+        return self._copy(k, tuple(ahead), grammar, t0)
+
+    def _copy(self, k: int, ahead: tuple[int, ...], grammar: Grammar | None, t0: float) -> Proposal:
+        """The continuation of the longest match of the context's end (and ``ahead``) with earlier text."""
+        toks = self._tokens
+        last = len(toks) + len(ahead)
         for n in range(self.ngram_max, self.ngram_min - 1, -1):
-            if len(toks) <= n:
+            if last <= n:
                 continue
-            ends = self._candidates(n)
+            ends = self._candidates(n, ahead)
             if ends:
                 # the longest match; of equally long ones, the one nearest the current copy's place
                 # (an edit that inserts text shifts the copy a little, and the source repeats itself)
                 d = self._diagonal
                 m, _, end = max(
-                    (self._match_length(e, n), -abs(last - e - d) if d is not None else 0, e) for e in ends
+                    (self._match_length(e, n, ahead), -abs(last - e - d) if d is not None else 0, e)
+                    for e in ends
                 )
-                self._diagonal = last - end
+                if not ahead:
+                    self._diagonal = last - end
                 rep = self.replaced
                 cont = (
                     tuple(rep.get(t, t) for t in toks[end : end + k]) if rep else tuple(toks[end : end + k])
@@ -185,7 +211,7 @@ class LookupDrafter:
                 if stop is not None:
                     cont = cont[:stop]  # the text it copied went on into a turn of the chat template
                 if grammar is not None:
-                    cont = cont[: grammar.valid_prefix(cont)]
+                    cont = cont[: max(0, grammar.valid_prefix(ahead + cont) - len(ahead))]
                 if not cont:
                     continue
                 return Proposal(

@@ -82,6 +82,8 @@ def _drafting(d: Decision) -> str:
         text = f"{PREDICTOR_NAMES.get(d.source, 'draft model')}: target {sure} sure"
         if d.acceptance is not None:
             text += f", {d.acceptance:.0%} acceptance"
+        if d.copied:
+            text += f", then {d.copied} tokens copied after a {d.match}-token match"
     speed = _speedups(d)
     return f"{text}, {speed}" if speed else text
 
