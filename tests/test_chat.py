@@ -1,4 +1,4 @@
-"""Chat templates, incremental UTF-8 decoding and stop strings (app.engine.chat)."""
+"""Chat templates (app.engine.chat): the real models' templates, the sandbox, message checks."""
 
 # The real-world chat templates below are kept verbatim, long lines included.
 # ruff: noqa: E501
