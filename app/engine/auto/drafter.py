@@ -15,8 +15,10 @@ Acceptance is learned per source and class of situation, pooled over replies and
 reply (:class:`~app.engine.auto.evidence.Evidence`). Copies (prompt lookup's, or the history's where it
 copies other text and its class expects more) are planned by :class:`~.copies.CopyRounds`, the draft
 model by :class:`~.model_rounds.ModelRounds`; a copy is drafted unless a model round is expected to
-deliver more. Each round's choice is returned as a :class:`~app.engine.events.Decision`; the UI words
-it. What was learned can be saved and restored (:meth:`AutoDrafter.state`, :mod:`.memory`).
+deliver more, and a model round's draft goes on with the copy prompt lookup finds where it ends, as
+far as that is expected to pay (:func:`~.planner.best_extension`). Each round's choice is returned as
+a :class:`~app.engine.events.Decision`; the UI words it. What was learned can be saved and restored
+(:meth:`AutoDrafter.state`, :mod:`.memory`).
 """
 
 from __future__ import annotations
