@@ -264,9 +264,9 @@ class AutoDrafter:
         if proposal.source in COPIERS:
             self.copies.observe(proposal, outcome)
         elif rounds is not None:
-            if proposal.copied and self._after is not None:  # the draft's part, and the copy's
+            if proposal.copied:  # the draft's part, and the copy's
                 k = len(proposal.tokens) - proposal.copied
-                if outcome.n_accepted >= k:
+                if outcome.n_accepted >= k and self._after is not None:
                     self.copies.observe_after(*self._after, proposal.copied, outcome.n_accepted - k)
                 proposal = replace(
                     proposal, tokens=proposal.tokens[:k], q=proposal.q[:k], confidence=proposal.confidence[:k]
