@@ -10,7 +10,7 @@ from itertools import pairwise
 import pytest
 
 from app.engine.auto import LOOKUP_MAX
-from bench import combine
+from bench import combine, first_use
 from bench import run as bench_run
 
 
@@ -275,3 +275,14 @@ def test_replay_reads_a_bench_run_and_prints_its_table(tiny_pair, tmp_path, caps
         replay.main([str(tmp_path / "run.json"), "--draft-ratios", "0.3,fast"])
     with pytest.raises(SystemExit, match="starts with a batch of 1"):
         replay.main([str(tmp_path / "run.json"), "--ratios", "2,3"])
+
+
+def test_first_use_times_each_batch_size_first_and_later(tiny_pair, tmp_path, capsys) -> None:
+    """``bench.first_use`` reads what a warm-up that times a size once would, beside later timings."""
+    out = tmp_path / "first-use.json"
+    assert first_use.main([str(tiny_pair.target), "--repeats", "1", "--out", str(out)]) == 0
+    result = json.loads(out.read_text(encoding="utf-8"))
+    assert result["sizes"] == list(first_use.SIZES) and result["backend"] == "CPU"
+    assert len(result["first"]) == len(result["later"]) == len(first_use.SIZES)
+    assert all(x > 0 for x in result["first"] + result["later"])
+    assert "batch  64: first" in capsys.readouterr().out

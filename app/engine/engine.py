@@ -154,7 +154,13 @@ class Engine:
             self.costs.restore(self._remembered["costs"])
         self._mtp_drafter: MtpDrafter | None = None  # made on first use of mode "mtp"
         if costs is None:
-            warm_up(self._cache, self.target.n_vocab, self._draft_ctx, self.costs)
+            warm_up(
+                self._cache,
+                self.target.n_vocab,
+                self._draft_ctx,
+                self.costs,
+                on_gpu=self.target.offload.on_gpu,
+            )
         template = self.target.chat_template()
         bos = self.target.token_name(self.target.bos) if self.target.bos >= 0 else ""
         eos = self.target.token_name(self.target.eos) if self.target.eos >= 0 else ""

@@ -154,10 +154,14 @@ def relative_to_neighbours(timed: list[tuple[int, float]], last: int = 3) -> lis
     return out
 
 
-def warm_up(seq: TargetCache, n_vocab: int, draft_ctx: Context | None, costs: CostModel) -> None:
+def warm_up(
+    seq: TargetCache, n_vocab: int, draft_ctx: Context | None, costs: CostModel, *, on_gpu: bool = False
+) -> None:
     """First evaluations allocate buffers and are slow: run them now, and seed auto mode's costs.
 
-    One pass is discarded; then each batch size a verification commonly uses is timed (the
+    A step and a batch of 4 are discarded; ``on_gpu`` (the target's layers on a GPU), so is a first
+    evaluation of every size: a GPU backend loads (Metal, Vulkan: compiles) each size's kernels and
+    grows its buffer pools on first use. Then each batch size a verification commonly uses is timed (the
     cost does not grow smoothly with the batch: kernels change with its size), with one decode
     step timed between every two sizes: each size's cost is taken relative to the steps timed beside
     it (:func:`relative_to_neighbours`), not to one step a busy machine may have slowed. Logits are
@@ -177,13 +181,16 @@ def warm_up(seq: TargetCache, n_vocab: int, draft_ctx: Context | None, costs: Co
     order = [1]
     for j in range(0, len(sizes), 2):
         order += [*sizes[j : j + 2], 1]
+    # not timed. On a CPU a first evaluation costs what later ones do: skipped there (measured in
+    # docs/benchmarks.md, "First evaluations on a GPU")
+    untimed = [1, 4, *(b for b in dict.fromkeys(sizes) if b != 4 and on_gpu)]
     timed: list[tuple[int, float]] = []
-    for i, batch in enumerate((1, 4, *order)):
+    for i, batch in enumerate((*untimed, *order)):
         t0 = time.perf_counter()
         seq.verify_batch(tok, text[1:batch])  # with a checkpoint where such a draft needs one
         dt = time.perf_counter() - t0
         seq.reset()
-        if i >= 2:
+        if i >= len(untimed):
             timed.append((batch, dt))
     for batch, dt in relative_to_neighbours(timed):  # the steps first, then the batches
         costs.observe_verify(batch, dt)
