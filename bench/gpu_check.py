@@ -44,7 +44,7 @@ from typing import Any
 from bench.gpu_summary import summary_lines
 
 REPO = Path(__file__).resolve().parents[1]
-STEPS = ("models", "costs", "engine", "replay", "lossless", "backends")
+STEPS = ("models", "costs", "engine", "explore", "replay", "lossless", "backends")
 DRY_STEPS = ("models", "replay")
 SET_CONTEXT = {"single-turn": "512", "multi-turn": "4096"}  # an earlier check's table, replayed again here
 ASSUMED_DRAFT = [0.15] * 16  # --ratios gpu: a 0.5B draft's step against a 7B's, assumed (not measured)
@@ -272,6 +272,16 @@ def main(argv: list[str] | None = None) -> int:
                 result["engine"] = run_engine(
                     result["models"]["target"]["path"],
                     table,
+                    max_tokens=args.engine_tokens,
+                    allow_cpu=args.allow_cpu,
+                )
+            elif step == "explore":
+                from bench.gpu_engine import run_explore
+
+                models = result["models"]
+                result["explore"] = run_explore(
+                    models["target"]["path"],
+                    models["draft"]["path"],
                     max_tokens=args.engine_tokens,
                     allow_cpu=args.allow_cpu,
                 )

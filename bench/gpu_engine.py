@@ -201,3 +201,67 @@ def run_engine(
     shutil.rmtree(memory, ignore_errors=True)
     out["runs"] = {m: [{k: v for k, v in r.items() if k != "tokens"} for r in rs] for m, rs in runs.items()}
     return out
+
+
+def run_explore(
+    target: str,
+    draft: str,
+    *,
+    max_tokens: int = 256,
+    repeats: int = 3,
+    n_ctx: int = 4096,
+    allow_cpu: bool = False,
+    threads: int | None = None,
+) -> dict[str, Any]:
+    """What auto mode's exploring costs at worst: plain and auto decoding interleaved ``repeats`` times
+    with a draft model that is never right (the synthetic draft: random weights of its own), as the
+    app loads the pair. Per mode the tokens/s; for auto, its rounds by what drafted them (a random
+    target's text can repeat, and prompt lookup may then copy it)."""
+    from app.engine import EngineClient, GenerationSettings, LoadSettings
+    from app.engine.events import Finished, Step
+
+    gpu = 0 if allow_cpu else -1
+    memory = Path(tempfile.mkdtemp(prefix="tandem-gpu-explore-"))
+    settings = LoadSettings(
+        target, draft, n_ctx=n_ctx, n_threads=threads, n_gpu_layers=gpu, n_gpu_layers_draft=gpu,
+        history_dir=str(memory),
+    )  # fmt: skip
+    rng = random.Random(2)
+    prompt = [rng.randrange(3, 500) for _ in range(200)]
+    modes = {m: GenerationSettings(mode=m, max_tokens=max_tokens) for m in ("plain", "auto")}
+    out: dict[str, Any] = {"n_ctx": n_ctx, "max_tokens": max_tokens, "repeats": repeats}
+    speeds: dict[str, list[float]] = {m: [] for m in modes}
+    sources: dict[str, dict[str, int]] = {}
+    same = True
+    try:
+        with EngineClient() as client:
+            client.load(settings)
+            lines, _ = log_since(client.log_path, 0)
+            size = gpu_bound_bytes(target) + gpu_bound_bytes(draft)
+            check_engine_on_gpu(lines, 2, allow_cpu=allow_cpu, file_bytes=size)
+            for _ in client.generate(prompt=prompt, settings=GenerationSettings(mode="plain", max_tokens=16)):
+                pass
+            texts: dict[str, list[tuple[int, ...]]] = {m: [] for m in modes}
+            for i in range(repeats):
+                for name in modes if i % 2 == 0 else reversed(modes):
+                    fin = None
+                    for ev in client.generate(prompt=prompt, settings=modes[name]):
+                        if isinstance(ev, Step) and name == "auto":
+                            row = sources.setdefault(ev.drafter.value, {"rounds": 0, "accepted": 0})
+                            row["rounds"] += 1
+                            row["accepted"] += ev.n_accepted
+                        elif isinstance(ev, Finished):
+                            fin = ev
+                    assert fin is not None
+                    speeds[name].append(round(fin.stats.decode_tokens_per_second, 2))
+                    texts[name].append(tuple(fin.tokens))
+            same = all(t == texts["plain"][0] for ts in texts.values() for t in ts)
+    finally:
+        shutil.rmtree(memory, ignore_errors=True)
+    out["tokens_per_second"] = speeds
+    ratios = [a / p for a, p in zip(speeds["auto"], speeds["plain"], strict=True)]
+    out["auto_over_plain"] = [round(r, 4) for r in ratios]
+    out["auto_over_plain_median"] = round(statistics.median(ratios), 4)
+    out["auto_rounds"] = sources
+    out["same_as_plain"] = same
+    return out

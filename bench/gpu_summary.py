@@ -88,6 +88,16 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         lines += _cost_lines(name, costs)
     if "engine" in result:
         lines += _engine_lines(result["engine"])
+    if "explore" in result:
+        x = result["explore"]
+        tps = {m: ", ".join(f"{v:.1f}" for v in vs) for m, vs in x["tokens_per_second"].items()}
+        by = x["auto_rounds"].items()
+        rounds = ", ".join(f"{n} {r['rounds']} ({r['accepted']} accepted)" for n, r in by)
+        lines.append(
+            f"explore (auto with a draft that is never right, {x['max_tokens']} tokens): plain {tps['plain']}"
+            f" tok/s, auto {tps['auto']}; auto / plain {x['auto_over_plain_median']:.3f} (median); auto's"
+            f" rounds: {rounds}; same as plain: {x['same_as_plain']}"
+        )
     if "replay" in result:
         lines += _replay_lines(result["replay"])
     if "lossless" in result:

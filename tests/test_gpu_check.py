@@ -18,7 +18,7 @@ from app.tiny_arch import count_params, write_tiny_model
 from app.tiny_quants import SPREAD, Q, noisy_blocks, q4_k_m_type, random_blocks
 from bench import gpu_check
 from bench.gpu_costs import NotOnGPU, check_on_gpu, gpu_buffer_bytes, measure, offload_lines
-from bench.gpu_engine import check_engine_on_gpu, predicted_round_ms, run_engine
+from bench.gpu_engine import check_engine_on_gpu, predicted_round_ms, run_engine, run_explore
 from bench.gpu_lossless import PROMPTS, run_lossless
 from bench.gpu_models import QWEN25_0_5B_SHAPE, QWEN25_7B_SHAPE, TINY_TARGET_SHAPE, write_models
 from bench.gpu_replay import SETS
@@ -223,6 +223,26 @@ def test_engine_and_lossless_steps_on_the_cpu(tiny_models: dict, tmp_path: Path)
         threads=1,
     )
     assert lo["total"]["runs"] == 3 and lo["total"]["failures"] == 0 and not lo["errors"]
+
+
+def test_explore_step_runs_auto_beside_plain_with_a_draft_that_is_never_right(tiny_models: dict) -> None:
+    """Auto mode and plain decoding interleaved, as the app loads the synthetic pair (its draft has
+    random weights of its own); the output is plain's, and the summary says what auto's rounds were."""
+    x = run_explore(
+        tiny_models["target"]["path"],
+        tiny_models["draft"]["path"],
+        max_tokens=16,
+        repeats=2,
+        n_ctx=512,
+        allow_cpu=True,
+        threads=1,
+    )
+    assert x["same_as_plain"]
+    assert [len(x["tokens_per_second"][m]) for m in ("plain", "auto")] == [2, 2]
+    assert len(x["auto_over_plain"]) == 2 and x["auto_over_plain_median"] > 0
+    assert sum(r["rounds"] for r in x["auto_rounds"].values()) >= 2  # its rounds, by what drafted them
+    line = next(t for t in gpu_check.summary_lines({"explore": x}) if t.startswith("explore"))
+    assert "auto / plain" in line and "same as plain: True" in line
 
 
 def _fake_sdist(root: Path) -> Path:
