@@ -56,11 +56,12 @@ class Acceptance:
         self.bin_hits = np.zeros(self.BINS)
         self.bin_trials = np.zeros(self.BINS)
         self._overall: float | None = None
+        self._alphas: list[float] | None = None  # alpha(i) for every position, until the evidence changes
 
     def observe(self, n_drafted: int, n_accepted: int, confidence: Sequence[float]) -> None:
         if n_drafted == 0:
             return
-        self._overall = None
+        self._overall = self._alphas = None
         self.hits *= self.decay
         self.trials *= self.decay
         self.bin_hits *= self.decay
@@ -79,7 +80,7 @@ class Acceptance:
         :meth:`~.model_rounds.ModelRounds.judge_cut`), without fading the rest."""
         if i >= len(self.hits):
             return
-        self._overall = None
+        self._overall = self._alphas = None
         self.hits[i] += ok
         self.trials[i] += 1
         b = min(int(confidence * self.BINS), self.BINS - 1)
@@ -102,14 +103,14 @@ class Acceptance:
             return False
         for name, values in arrays.items():
             getattr(self, name)[:] = values
-        self._overall = None
+        self._overall = self._alphas = None
         return True
 
     def relax(self, factor: float) -> None:
         """Fade the evidence toward the prior, so a pessimistic estimate is tried again in time."""
         for a in (self.hits, self.trials, self.bin_hits, self.bin_trials):
             a *= factor
-        self._overall = None
+        self._overall = self._alphas = None
 
     def overall(self) -> float:
         if self._overall is None:
@@ -125,10 +126,12 @@ class Acceptance:
 
     def alpha(self, i: int) -> float:
         """P(draft token i is accepted | the ones before it were), 0-based."""
-        base = self._base(i)
-        if i >= len(self.hits):
-            return base
-        return float((self.hits[i] + base * self.weight) / (self.trials[i] + self.weight))
+        alphas = self._alphas
+        if alphas is None:  # the planner asks every position of every class in every round
+            base = np.full(len(self.hits), self._base(1))
+            base[:1] = self._base(0)
+            alphas = self._alphas = ((self.hits + base * self.weight) / (self.trials + self.weight)).tolist()
+        return alphas[i] if i < len(alphas) else self._base(i)
 
     def calibrated(self, confidence: float) -> float:
         """P(accepted | the draft's own probability for the token was ``confidence``).

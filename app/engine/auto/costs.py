@@ -80,11 +80,11 @@ class MeasuredCosts:
         self._pending: list[tuple[int, float]] = []  # samples taken before any step was timed
         self._cache: dict[int, float | None] = {}
         self._known: dict[int, float] | None = None  # batch size -> median ratio, until a change
+        self._ratios: dict[int, float] = {}  # batch size -> ratio (interpolated too), until a change
         self._low: Optimistic | None = None  # the optimistic reading, until a change
 
     def observe_verify(self, batch: int, seconds: float) -> None:
-        self._cache.clear()
-        self._known = None
+        self._cache.clear()  # a step moves every estimate in seconds; a batch's ratio, only its own
         self._low = None
         if batch <= 1:
             self._step.add(seconds)
@@ -107,6 +107,8 @@ class MeasuredCosts:
         if batch == 0:
             self._draft.add(seconds / step)
         else:  # a batch costs at least one step and at most its tokens' steps one by one
+            self._known = None
+            self._ratios.clear()
             self._ratio.setdefault(batch, Window(self.window)).add(
                 min(max(seconds / step, 1.0), float(batch))
             )
@@ -121,6 +123,12 @@ class MeasuredCosts:
         """A batch's cost relative to one decode step (1.0 for a batch of 1)."""
         if batch <= 1:
             return 1.0
+        ratio = self._ratios.get(batch)
+        if ratio is None:
+            ratio = self._ratios[batch] = self._interpolated(batch)
+        return ratio
+
+    def _interpolated(self, batch: int) -> float:
         if self._known is None:
             self._known = {b: w.value for b, w in self._ratio.items() if w.n}
         known = self._known
@@ -180,6 +188,8 @@ class MeasuredCosts:
                 window.add(ratio)
         self._cache.clear()
         self._known = None
+        self._ratios.clear()
+        self._low = None
 
     def samples(self, batch: int) -> int:
         """How many timings the estimate for a batch of ``batch`` rests on (0: interpolated)."""
@@ -282,15 +292,19 @@ class Optimistic:
         step = costs._step
         self._step = min(step.samples) if step.n else None
         self._low = {b: min(w.samples) for b, w in costs._ratio.items() if w.n}
+        self._verify: dict[int, float] = {}
 
     def verify(self, batch: int) -> float | None:
         if self._step is None:
             return None
         if batch <= 1:
             return self._step
-        low = self._low.get(batch)
-        ratio = low if low is not None else self.costs.ratio(batch)
-        return self._step * min(ratio, self.costs.ratio(batch))
+        seconds = self._verify.get(batch)
+        if seconds is None:
+            low = self._low.get(batch)
+            ratio = low if low is not None else self.costs.ratio(batch)
+            seconds = self._verify[batch] = self._step * min(ratio, self.costs.ratio(batch))
+        return seconds
 
     def draft_step(self) -> float | None:
         draft = self.draft
