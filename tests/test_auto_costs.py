@@ -21,6 +21,7 @@ from app.engine.auto import (
     MeasuredCosts,
     best_length,
 )
+from app.engine.auto.costs import DraftCosts
 from app.engine.auto.planner import continue_rule
 from app.engine.drafting import LookupDrafter, Outcome, Proposal
 from app.engine.engine import Engine, LoadSettings
@@ -254,3 +255,24 @@ def test_costs_a_busy_moment_inflated_do_not_rule_the_draft_out_for_good() -> No
     assert auto.rounds.probe_due([], draft, 3, 10**4)  # ...and a probe times it again
     costs.observe_verify(4, 0.13)  # a new timing: the reading follows it
     assert costs.optimistic().verify(4) == pytest.approx(0.13)
+
+
+def test_the_lowest_costs_follow_every_timing_while_kept_between_them() -> None:
+    """Auto mode reads the lowest recent costs every round; they are kept while no timing changes them
+    (a step above the lowest), and follow a lower step, a batch or a draft step at once."""
+    costs = MeasuredCosts()
+    for batch, seconds in ((1, 0.10), (4, 0.20), (1, 0.12)):
+        costs.observe_verify(batch, seconds)
+    draft = DraftCosts(costs)
+    draft.observe_draft(1, 0.05)
+    low, low_draft = costs.optimistic(), draft.optimistic()
+    costs.observe_verify(1, 0.11)  # above the lowest step: the same costs
+    assert costs.optimistic() is low and draft.optimistic() is low_draft
+    costs.observe_verify(1, 0.08)
+    assert costs.optimistic().verify(1) == pytest.approx(0.08)
+    assert draft.optimistic().verify(1) == pytest.approx(0.08)
+    costs.observe_verify(4, 0.09)  # a batch of 4 in about one step
+    assert costs.optimistic().verify(4) < low.verify(4)
+    before = draft.optimistic().draft_step()
+    draft.observe_draft(1, 0.01)
+    assert draft.optimistic().draft_step() < before

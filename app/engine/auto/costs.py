@@ -85,13 +85,15 @@ class MeasuredCosts:
 
     def observe_verify(self, batch: int, seconds: float) -> None:
         self._cache.clear()  # a step moves every estimate in seconds; a batch's ratio, only its own
-        self._low = None
         if batch <= 1:
             self._step.add(seconds)
+            if self._low is not None and self._low._step != min(self._step.samples):
+                self._low = None  # (the lowest costs stand while the lowest step does)
             pending, self._pending = self._pending, []
             for b, t in pending:
                 self._add_relative(b, t)
         else:
+            self._low = None
             if self._step.n and seconds * STALE < min(self._step.samples):
                 # A batch costs at least one step: one in half the time of every recent step says
                 # they were timed on a busier machine (another program loading beside this one). The
@@ -109,6 +111,7 @@ class MeasuredCosts:
         else:  # a batch costs at least one step and at most its tokens' steps one by one
             self._known = None
             self._ratios.clear()
+            self._low = None
             self._ratio.setdefault(batch, Window(self.window)).add(
                 min(max(seconds / step, 1.0), float(batch))
             )
@@ -207,6 +210,7 @@ class DraftCosts:
     def __init__(self, base: MeasuredCosts):
         self.base = base
         self._draft = Window(base.window)
+        self._low: tuple[Optimistic, Optimistic] | None = None  # (the base's, this drafter's)
 
     def verify(self, batch: int) -> float | None:
         return self.base.verify(batch)
@@ -225,12 +229,16 @@ class DraftCosts:
         step = self.base._step
         if n_tokens > 0 and step.n:
             self._draft.add(seconds / n_tokens / step.value)
+            self._low = None
 
     def optimistic(self) -> Optimistic:
         """The shared costs at their lowest recent timings, with this drafter's step at its lowest."""
-        low = Optimistic(self.base)
-        low.draft = self._draft
-        return low
+        base = self.base.optimistic()
+        if self._low is None or self._low[0] is not base:
+            low = Optimistic(self.base)
+            low.draft = self._draft
+            self._low = (base, low)
+        return self._low[1]
 
     def state(self) -> dict[str, Any]:
         return {"draft": round(self._draft.value, 4) if self._draft.n else None}
@@ -243,6 +251,7 @@ class DraftCosts:
         if 0.0 < ratio < 1e4:
             for _ in range(weight):
                 self._draft.add(ratio)
+            self._low = None
 
 
 class Realized:
@@ -293,6 +302,9 @@ class Optimistic:
         self._step = min(step.samples) if step.n else None
         self._low = {b: min(w.samples) for b, w in costs._ratio.items() if w.n}
         self._verify: dict[int, float] = {}
+        # plans made on these costs (by what they assumed), kept as long as the costs are: while a
+        # drafter is paused, whether it could pay at all is asked every round and changes seldom
+        self.memo: dict[tuple[Any, ...], Any] = {}
 
     def verify(self, batch: int) -> float | None:
         if self._step is None:

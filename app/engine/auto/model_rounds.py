@@ -16,7 +16,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -265,7 +265,9 @@ class ModelRounds:
         low = self.low_costs()
         draft = low.draft_step() or draft_cost
         scale = min(1.0, self.overrun())
-        return best_length(ALWAYS, low, draft, limit, self.margin, scale=scale).k == 0
+        key = ("always", draft, limit, self.margin, scale)
+        plan = _memo(low, key, lambda: best_length(ALWAYS, low, draft, limit, self.margin, scale=scale))
+        return plan.k == 0
 
     def low_costs(self) -> CostModel:
         """The costs at their lowest recent timings (a cost model without them: itself). What rules the
@@ -342,7 +344,9 @@ class ModelRounds:
             return False
         low = self.low_costs()
         draft_cost = low.draft_step() or draft_cost
-        best = best_length(self._probe_optimism(), low, draft_cost, limit, self.margin)
+        hope = self._probe_optimism()
+        key = ("probe", hope.prior, draft_cost, limit, self.margin)
+        best = _memo(low, key, lambda: best_length(hope, low, draft_cost, limit, self.margin))
         if best.k == 0 or best.plain_rate <= 0:
             return False  # the draft model cannot pay here even if this class turns out much better
         catch_up = self.model.pending(tokens) * self.sync_per_token(draft_cost)
@@ -400,3 +404,14 @@ class ModelRounds:
         if isinstance(value, (int, float)) and 0.5 <= value <= 4.0:
             for _ in range(2):
                 self.overrun_window.add(float(value))
+
+
+def _memo(costs: CostModel, key: tuple[Any, ...], plan: Callable[[], Plan]) -> Plan:
+    """``plan()``, kept with ``costs`` where they keep plans (see :class:`~.costs.Optimistic`)."""
+    memo = getattr(costs, "memo", None)
+    if memo is None:
+        return plan()
+    found = memo.get(key)
+    if found is None:
+        found = memo[key] = plan()
+    return found

@@ -44,21 +44,21 @@ def best_length(
     if v1 is None or v1 <= 0:
         return Plan(0, 0.0, 0.0)
     plain = 1.0 / v1
-    best = Plan(0, plain, plain)
-    samples = getattr(costs, "samples", None)
+    best_k, best_rate = 0, plain
+    verify, alpha, samples = costs.verify, acc.alpha, getattr(costs, "samples", None)
     expected, reach = 1.0, 1.0  # E[tokens | k] = 1 + sum_{i<k} prod_{j<=i} alpha(j), one k at a time
     for k in range(1, limit + 1):
-        vk = costs.verify(k + 1)
+        vk = verify(k + 1)
         if vk is None:
             break
         if samples is not None and samples(k + 1) < EXPLORE_SAMPLES:
             vk *= 1.0 - EXPLORE  # a batch size timed once or never: try it when it is nearly the best
-        reach *= acc.alpha(k - 1)
+        reach *= alpha(k - 1)
         expected += reach
         rate = expected / ((k * draft_cost + vk + overhead) * scale)
-        if rate > best.rate and rate > plain * (1 + margin):
-            best = Plan(k, rate, plain)
-    return best
+        if rate > best_rate and rate > plain * (1 + margin):
+            best_k, best_rate = k, rate
+    return Plan(best_k, best_rate, plain)
 
 
 def best_extension(
