@@ -159,9 +159,9 @@ def warm_up(
 ) -> None:
     """First evaluations allocate buffers and are slow: run them now, and seed auto mode's costs.
 
-    A step and a batch of 4 are discarded; ``on_gpu`` (the target's layers on a GPU), so is a first
-    evaluation of every size: a GPU backend loads (Metal, Vulkan: compiles) each size's kernels and
-    grows its buffer pools on first use. Then each batch size a verification commonly uses is timed (the
+    A step and a batch of 4 are evaluated untimed first. With ``on_gpu`` (the target's layers on a
+    GPU) so is every other size: a GPU backend loads (Metal, Vulkan: compiles) each size's kernels
+    and grows its buffer pools on first use. Then each batch size a verification commonly uses is timed (the
     cost does not grow smoothly with the batch: kernels change with its size), with one decode
     step timed between every two sizes: each size's cost is taken relative to the steps timed beside
     it (:func:`relative_to_neighbours`), not to one step a busy machine may have slowed. Logits are
@@ -181,9 +181,11 @@ def warm_up(
     order = [1]
     for j in range(0, len(sizes), 2):
         order += [*sizes[j : j + 2], 1]
-    # not timed. On a CPU a first evaluation costs what later ones do: skipped there (measured in
-    # docs/benchmarks.md, "First evaluations on a GPU")
-    untimed = [1, 4, *(b for b in dict.fromkeys(sizes) if b != 4 and on_gpu)]
+    # evaluated once before any timing; on a CPU a first evaluation costs about what later ones do,
+    # so the other sizes are not (docs/benchmarks.md, "First evaluations on a GPU")
+    untimed = [1, 4]
+    if on_gpu:
+        untimed += [b for b in dict.fromkeys(sizes) if b != 4]
     timed: list[tuple[int, float]] = []
     for i, batch in enumerate((*untimed, *order)):
         t0 = time.perf_counter()
