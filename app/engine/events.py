@@ -168,6 +168,7 @@ class Stats:
     # why a reply asked to draft decoded plainly throughout (Action.NO_ROLLBACK), else None
     drafting_off: Action | None = None
     # per source that drafted: (source, rounds, tokens drafted, tokens accepted), in order of first use
+    # (a copy appended where a model's draft ends is prompt lookup's: that round counts for both)
     drafted_by: tuple[tuple[Source, int, int, int], ...] = ()
 
     def to_dict(self) -> dict:
@@ -217,10 +218,19 @@ class StatsBuilder:
         t_llama = sum(s.t_llama for s in steps)
         by: dict[Source, list[int]] = {}
         for s in drafted_rounds:
-            counts = by.setdefault(s.drafter, [0, 0, 0])
-            counts[0] += 1
-            counts[1] += s.n_drafted
-            counts[2] += s.n_accepted
+            # a copy prompt lookup appended where a model's draft ends is prompt lookup's (its
+            # tokens count as drafted, and as accepted once the target took them)
+            copied = min(s.decision.copied, s.n_drafted)
+            own = s.n_drafted - copied
+            for src, n, acc in (
+                (s.drafter, own, min(s.n_accepted, own)),
+                (Source.LOOKUP, copied, s.n_accepted - own),
+            ):
+                if n:
+                    counts = by.setdefault(src, [0, 0, 0])
+                    counts[0] += 1
+                    counts[1] += n
+                    counts[2] += max(0, acc)
         return Stats(
             mode=self.mode,
             n_prompt_tokens=self.n_prompt_tokens,
