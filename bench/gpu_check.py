@@ -15,9 +15,10 @@ Steps, each written to the JSON as it ends (a run stopped half-way keeps what it
    not on the GPU.
 3. ``engine``: the engine process (``EngineClient``, as the app) in plain and speculative mode with the
    target as its own draft (:mod:`bench.gpu_engine`): the loop's overhead per round beside the table.
-4. ``replay``: the recorded single-turn and multi-turn drafts (``bench/recorded/*.replies.json.gz``)
-   replayed with the measured table (:mod:`bench.gpu_replay`): what they would give with a 7B target
-   on this GPU, per mode, with the table after 512 and after 4096 tokens.
+4. ``replay``: the recorded single-turn, multi-turn and held-out drafts
+   (``bench/recorded/*.replies.json.gz``) replayed with the measured table (:mod:`bench.gpu_replay`):
+   what they would give with a 7B target on this GPU, per mode, with the table after 512 and after
+   4096 tokens.
 5. ``lossless``: the tests' tiny real models on the GPU (:mod:`bench.gpu_lossless`).
 6. ``backends``: step 2 for the other builds given with ``--backend`` (Vulkan), last: the first one's
    figures matter most, and a call that runs out of time keeps them.
@@ -46,7 +47,8 @@ from bench.gpu_summary import summary_lines
 REPO = Path(__file__).resolve().parents[1]
 STEPS = ("models", "costs", "engine", "explore", "replay", "lossless", "backends")
 DRY_STEPS = ("models", "replay")
-SET_CONTEXT = {"single-turn": "512", "multi-turn": "4096"}  # an earlier check's table, replayed again here
+# an earlier check's table, replayed again here: the context its replies are nearest
+SET_CONTEXT = {"single-turn": "512", "multi-turn": "4096", "held-out": "512"}
 ASSUMED_DRAFT = [0.15] * 16  # --ratios gpu: a 0.5B draft's step against a 7B's, assumed (not measured)
 
 

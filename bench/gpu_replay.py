@@ -30,6 +30,8 @@ RECORDED = Path(__file__).with_name("recorded")
 SETS = {
     "single-turn": RECORDED / "single-turn.replies.json.gz",
     "multi-turn": RECORDED / "multi-turn.replies.json.gz",
+    # bench/prompts-held-out.jsonl: three prompts per category, never used to tune auto mode
+    "held-out": RECORDED / "held-out.replies.json.gz",
 }
 
 

@@ -1,15 +1,17 @@
 """Auto mode held to the best fixed setting on every recorded cost table, without models.
 
 The recorded replies (``bench/recorded/*.replies.json.gz``: the target's confidences and the draft's
-greedy predictions are in them) are replayed with each cost table: the AMD EPYC's, this Intel Xeon's
-(``bench/recorded/xeon-costs.json``, and ``xeon-costs-2026-11-27.json`` measured later, when a draft
-model round cost about 3 decode steps), a laptop GPU's (synthesized, not measured: a verify batch
-costs about one decode step up to 16 tokens, ``bench.replay_history.gpu_ratios``; a 0.5B draft's step
-0.15 of a 7B target's, ``bench.gpu_check.ASSUMED_DRAFT``) and each backend's table in a recorded GPU
-check (``bench/recorded/gpu-check-*.json``, after 512 tokens: ``h100-cuda``, ``h100-vulkan``). For
-each table and category it prints the best fixed setting (plain, speculative at draft lengths 1-8,
-lookup), auto mode's speedup over plain, and auto's ratio to that setting, and checks the issue's
-bar: auto within ``--within`` of the best fixed setting and never below plain::
+greedy predictions are in them; ``held-out`` are the replies to ``bench/prompts-held-out.jsonl``,
+three prompts per category that auto mode is never tuned on) are replayed with each cost table: the
+AMD EPYC's, this Intel Xeon's (``bench/recorded/xeon-costs.json``, and ``xeon-costs-2026-11-27.json``
+measured later, when a draft model round cost about 3 decode steps), a laptop GPU's (synthesized, not
+measured: a verify batch costs about one decode step up to 16 tokens,
+``bench.replay_history.gpu_ratios``; a 0.5B draft's step 0.15 of a 7B target's,
+``bench.gpu_check.ASSUMED_DRAFT``) and each backend's table in a recorded GPU check
+(``bench/recorded/gpu-check-*.json``, after 512 tokens: ``h100-cuda``, ``h100-vulkan``,
+``h200-cuda``). For each table and category it prints the best fixed setting (plain, speculative at
+draft lengths 1-8, lookup), auto mode's speedup over plain, and auto's ratio to that setting, and
+checks the issue's bar: auto within ``--within`` of the best fixed setting and never below plain::
 
     python -m bench.replay_tables --orders 3
 
@@ -105,9 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--tables",
         default="",
-        help="only these tables (comma-separated: epyc, xeon, xeon-later, gpu, h100-cuda, h100-vulkan)",
+        help="only these tables (comma-separated:"
+        " epyc, xeon, xeon-later, gpu, h100-cuda, h100-vulkan, h200-cuda)",
     )
-    p.add_argument("--sets", default="", help="only these recorded sets (single-turn, multi-turn)")
+    p.add_argument("--sets", default="", help="only these recorded sets (single-turn, multi-turn, held-out)")
     p.add_argument("--json", type=Path, help="write the figures here")
     args = p.parse_args(argv)
     wanted_tables = {t for t in args.tables.split(",") if t}
