@@ -131,6 +131,20 @@ def test_the_losing_guard_weighs_the_rounds_spread() -> None:
     assert losing([(1, 3.0), (1, 3.0), (1, 3.0)])  # never right
     assert not losing([(4, 3.0), (4, 3.0)])  # too few rounds to judge
     assert not losing([(4, 3.0), (3, 3.0), (4, 3.0)])  # winning
+    # 1.2 standard errors short: the errors of three rounds are themselves a guess (Student's t with
+    # two degrees of freedom asks 1.32 for the confidence one error gives with many rounds); six
+    # such rounds are losing
+    assert not losing([(1, 3.2), (4, 3.2), (1, 3.2)])
+    assert losing([(1, 3.2), (4, 3.2), (1, 3.2)] * 2)
+
+
+def test_student_t_quantiles() -> None:
+    from app.engine.auto.evidence import student_t
+
+    # exact one-sided quantiles at the normal's one standard error (0.8413)
+    for df, exact in ((2, 1.3213), (3, 1.1969), (5, 1.1105), (10, 1.0526), (30, 1.0169)):
+        assert student_t(1.0, df) == pytest.approx(exact, abs=2e-3)
+    assert student_t(1.0, 1e9) == pytest.approx(1.0)
 
 
 def test_probe_rounds_are_not_judged_and_a_good_probe_clears_the_guard() -> None:

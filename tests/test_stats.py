@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.engine.events import Action, Decision, Mode, Policy, Source, Step, StatsBuilder
+from app.engine.events import Action, Decision, Mode, Policy, Source, StatsBuilder, Step
 
 
 def _round(source: Source, drafted: int, accepted: int, copied: int = 0) -> Step:

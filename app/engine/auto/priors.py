@@ -66,7 +66,8 @@ REPLY_MIN = 16
 # or wrong in runs); a copy's class is judged on its own in each reply (a coincidence fails at once).
 REPLY_WEIGHT = (8.0, 4.0)
 # A kind of round is losing (paused for the rest of the reply, until a probe) when its recent rounds
-# delivered fewer tokens/s than plain rounds by more than this many standard errors of the difference.
+# delivered fewer tokens/s than plain rounds by more than this many standard errors of the difference
+# (as Student's t reads it for the few rounds the errors are estimated from: 1.32 for three rounds).
 LOSING_ERRORS = 1.0
 # A draft model in step with the text (nothing to catch up) goes on drafting in a class while this
 # reply's acceptance there, this many standard errors above its estimate, says a round could pay:
