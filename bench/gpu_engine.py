@@ -112,6 +112,18 @@ def _median(xs: list[float]) -> float | None:
     return round(statistics.median(xs), 3) if xs else None
 
 
+def _load(target: str, draft: str, n_ctx: int, threads: int | None, allow_cpu: bool, memory: Path) -> Any:
+    """The engine's load settings: both models on the GPU whole (on the CPU with ``allow_cpu``), what
+    auto mode times kept in ``memory``."""
+    from app.engine import LoadSettings
+
+    gpu = 0 if allow_cpu else -1
+    return LoadSettings(
+        target, draft, n_ctx=n_ctx, n_threads=threads, n_gpu_layers=gpu, n_gpu_layers_draft=gpu,
+        history_dir=str(memory),
+    )  # fmt: skip
+
+
 def run_engine(
     target: str,
     table: dict[str, Any] | None,
@@ -126,19 +138,10 @@ def run_engine(
     """Plain and speculative (``ks``) decoding of the target with itself as the draft, interleaved
     ``repeats`` times; per mode the median round period, and against ``table`` (a context's entry of
     :func:`bench.gpu_costs.measure`) what a round should cost and what the loop adds."""
-    from app.engine import EngineClient, GenerationSettings, LoadSettings
+    from app.engine import EngineClient, GenerationSettings
 
-    gpu = 0 if allow_cpu else -1
     memory = Path(tempfile.mkdtemp(prefix="tandem-gpu-engine-"))  # where the engine keeps what auto timed
-    settings = LoadSettings(
-        target,
-        target,
-        n_ctx=n_ctx,
-        n_threads=threads,
-        n_gpu_layers=gpu,
-        n_gpu_layers_draft=gpu,
-        history_dir=str(memory),
-    )
+    settings = _load(target, target, n_ctx, threads, allow_cpu, memory)
     rng = random.Random(1)
     prompt = [rng.randrange(3, 500) for _ in range(200)]  # the tokenizer's real tokens, any text will do
     modes: dict[str, Any] = {"plain": GenerationSettings(mode="plain", max_tokens=max_tokens)}
@@ -217,15 +220,11 @@ def run_explore(
     with a draft model that is never right (the synthetic draft: random weights of its own), as the
     app loads the pair. Per mode the tokens/s; for auto, its rounds by what drafted them (a random
     target's text can repeat, and prompt lookup may then copy it)."""
-    from app.engine import EngineClient, GenerationSettings, LoadSettings
+    from app.engine import EngineClient, GenerationSettings
     from app.engine.events import Finished, Step
 
-    gpu = 0 if allow_cpu else -1
     memory = Path(tempfile.mkdtemp(prefix="tandem-gpu-explore-"))
-    settings = LoadSettings(
-        target, draft, n_ctx=n_ctx, n_threads=threads, n_gpu_layers=gpu, n_gpu_layers_draft=gpu,
-        history_dir=str(memory),
-    )  # fmt: skip
+    settings = _load(target, draft, n_ctx, threads, allow_cpu, memory)
     rng = random.Random(2)
     prompt = [rng.randrange(3, 500) for _ in range(200)]
     modes = {m: GenerationSettings(mode=m, max_tokens=max_tokens) for m in ("plain", "auto")}
