@@ -143,6 +143,32 @@ def test_chat_equals_tandem_generate_and_carries_usage_and_timings(srv, tiny_pai
     assert json.loads(cli.stdout)["text"] == text  # greedy: the same words as tandem generate
 
 
+def test_a_fixed_draft_length_drafts_it_every_round(engine_client, tiny_pair) -> None:
+    """``tandem serve --mode speculative --n-max 2 --no-adaptive``: every drafted round drafts 2 tokens,
+    and the reply has the same words as with the adaptive default."""
+    texts, rounds = [], []
+    for n_max, adaptive in ((2, False), (8, True)):
+        served = Served(
+            engine_client, mode="speculative", model_path=str(tiny_pair.target), n_ctx=1024,
+            n_max=n_max, adaptive=adaptive,
+        )  # fmt: skip
+        running = start(served)
+        try:
+            r = running.api().chat.completions.create(
+                model="tiny-target",
+                messages=[{"role": "user", "content": PROMPT}],
+                temperature=0,
+                max_tokens=40,
+            )
+        finally:
+            running.stop()
+        texts.append(r.choices[0].message.content)
+        rounds.append(r.model_extra["timings"]["draft_sources"]["model"])
+    fixed = rounds[0]  # (the last round may have room for one token only)
+    assert fixed["rounds"] > 0 and 2 * fixed["rounds"] - 1 <= fixed["draft_n"] <= 2 * fixed["rounds"]
+    assert rounds[1]["draft_n"] > 0 and texts[0] == texts[1]
+
+
 def test_streamed_chat_is_the_same_text_and_ends_with_usage_and_done(srv) -> None:
     api = srv.api()
     messages = [{"role": "user", "content": PROMPT}]

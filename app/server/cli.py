@@ -12,7 +12,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from app.cli_checks import bind_socket, check_model_file, ctx_size, listen_error, port_number, thread_count
+from app.cli_checks import (
+    bind_socket,
+    check_model_file,
+    ctx_size,
+    draft_tokens,
+    listen_error,
+    port_number,
+    thread_count,
+)
 from app.engine import MODES, Mode
 from app.server.api import is_loopback
 
@@ -35,6 +43,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=[str(m) for m in (Mode.AUTO, Mode.SPECULATIVE, Mode.LOOKUP, Mode.MTP, Mode.PLAIN)],
         default=Mode.AUTO,
         help="how replies are drafted (default auto: whatever pays on this machine)",
+    )
+    p.add_argument(
+        "--n-max",
+        type=draft_tokens,
+        default=8,
+        help="most tokens drafted per round (default 8; auto mode: by the draft model, "
+        "its prompt lookup may copy up to 15 where verifying them pays)",
+    )
+    p.add_argument(
+        "--no-adaptive",
+        action="store_true",
+        help="speculative and lookup modes: always draft --n-max tokens (default: fewer where "
+        "drafts are being rejected)",
     )
     p.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)"
@@ -158,6 +179,8 @@ def _serve(args: argparse.Namespace, sock: Any, stop: _Stop, target: Path, load:
         model_path=str(target),
         n_ctx=args.ctx,
         history=not args.no_history,  # requests join the drafting history, as the app's server does
+        n_max=args.n_max,
+        adaptive=not args.no_adaptive,
         max_waiting=args.queue,
         api_key=args.api_key,
         cors_origins=args.cors_origin,

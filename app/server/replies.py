@@ -101,6 +101,8 @@ def start(
             frequency_penalty=ask.frequency_penalty or 0.0,
             seed=ask.seed,
             max_tokens=min(ask.max_tokens or served.n_ctx, served.n_ctx),
+            n_max=served.n_max,
+            adaptive=served.adaptive,
             stop=ask.stop,
         )
         if ask.constraint is not None:

@@ -68,6 +68,10 @@ class Served:
     n_ctx: int = 4096
     created: int = 0
     history: bool = False  # requests are recorded in the drafting history (each as its own document)
+    # the draft length in speculative and lookup modes: at most n_max tokens a round, chosen by the
+    # engine's adaptive policy, or (not adaptive) always n_max; auto mode chooses its own
+    n_max: int = 8
+    adaptive: bool = True
     backoff: tuple[float, float] = (0.5, 30.0)  # seconds before the first retry of a failed restart, most
     # -- what the engine is doing (for /health and the watchdog) --
     cause: str = field(default="", init=False)  # why the engine was last restarted

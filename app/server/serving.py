@@ -56,6 +56,8 @@ def api_server(
     model_path: str = "",
     n_ctx: int = 4096,
     history: bool = False,
+    n_max: int = 8,
+    adaptive: bool = True,
     turns: TurnQueue | None = None,
     max_waiting: int | None = None,
     api_key: str | None = None,
@@ -65,7 +67,8 @@ def api_server(
 ) -> ApiServer:
     """The OpenAI-compatible API over ``client`` on ``host:port``: requests take ``turns`` at the engine
     (a queue of its own when None; ``max_waiting`` requests may wait, then 429), get 503 until
-    ``ready()``; replies are drafted in ``mode``, from and into the drafting history when ``history``.
+    ``ready()``; replies are drafted in ``mode`` (at most ``n_max`` tokens a round; not ``adaptive``:
+    always ``n_max``), from and into the drafting history when ``history``.
     ``uvicorn_options`` go to ``uvicorn.Config`` (``log_config``, ...)."""
     served = Served(
         client,
@@ -75,6 +78,8 @@ def api_server(
         n_ctx=n_ctx,
         created=int(time.time()),
         history=history,
+        n_max=n_max,
+        adaptive=adaptive,
         **({"turns": turns} if turns is not None else {}),
     )
     if max_waiting is not None:
