@@ -17,11 +17,13 @@ the file as it was), ``call`` (other tool calls) and ``answer`` (no call). Then 
 and started again on the same data folders, and the second pass runs the same tasks on the history
 the first one left. Each repeat starts on new data folders::
 
-    python -m bench.agent --target T.gguf --draft D.gguf [--modes plain,auto] [--repeats 2]
+    python -m bench.agent --target T.gguf --draft D.gguf [--modes plain,spec3,lookup,auto] [--repeats 2]
 
 Prints, per pass and step kind, decode tokens/s per mode (from the server's ``timings``), the ratio to
-plain (pooled, and per step: median, min-max), acceptance, and the steps' wall time; writes JSON
-(``--out``, default ``bench/results/agent-<time>.json``).
+plain (pooled, and per step: median, min-max), acceptance, and the steps' wall time; where the run had
+fixed settings besides plain (``lookup``, ``spec<n>``: ``tandem serve --n-max n --no-adaptive``), each
+auto mode's ratio to the best of them per pass and step kind; writes JSON (``--out``, default
+``bench/results/agent-<time>.json``).
 """
 
 from __future__ import annotations
@@ -42,14 +44,18 @@ from pathlib import Path
 from typing import Any
 
 from bench.agent_project import SYSTEM, TASKS, Project, Task, step_kind, tool_schemas
+from bench.modes import FIXED, SPEC_N, best_fixed
 
-#: mode name -> (the server's --mode, whether it keeps a drafting history)
-MODES: dict[str, tuple[str, bool]] = {
-    "plain": ("plain", False),
-    "auto": ("auto", True),
-    "auto-nohistory": ("auto", False),
-    "lookup": ("lookup", False),
-    "speculative": ("speculative", False),
+#: mode name -> (the server's --mode and its other drafting flags, whether it keeps a drafting history);
+#: ``spec<n>``: the draft model at the fixed length n (the fixed settings, with ``plain`` and ``lookup``,
+#: that auto mode is held to: see :data:`bench.modes.FIXED`)
+MODES: dict[str, tuple[tuple[str, ...], bool]] = {
+    "plain": (("plain",), False),
+    "auto": (("auto",), True),
+    "auto-nohistory": (("auto",), False),
+    "lookup": (("lookup",), False),
+    "speculative": (("speculative",), False),
+    **{f"spec{n}": (("speculative", "--n-max", str(n), "--no-adaptive"), False) for n in range(1, 9)},
 }
 BASELINE = "plain"
 READY_TIMEOUT = 600.0  # seconds for a server to load its models
@@ -75,7 +81,7 @@ class Server:
     api: Any = None
 
     def start(self) -> Server:
-        serve_mode, history = MODES[self.mode]
+        drafting, history = MODES[self.mode]
         self.port = free_port()
         cmd = [
             sys.executable,
@@ -84,7 +90,7 @@ class Server:
             "serve",
             *self.argv,
             "--mode",
-            serve_mode,
+            *drafting,
             "--port",
             str(self.port),
         ]
@@ -257,8 +263,9 @@ def history_files(data_dir: Path) -> dict[str, int]:
 def run(args: argparse.Namespace, tasks: tuple[Task, ...] = TASKS) -> dict[str, Any]:
     """Every repeat: pass 1 on new data folders, the servers restarted, pass 2 on the same folders."""
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    modes = [x for m in modes for x in ([f"spec{n}" for n in SPEC_N] if m == "spec" else [m])]
     if BASELINE not in modes or set(modes) - set(MODES):
-        raise SystemExit(f"--modes: {BASELINE} and any of {', '.join(MODES)}")
+        raise SystemExit(f"--modes: {BASELINE} and any of {', '.join(MODES)}, or spec")
     modes = [BASELINE] + [m for m in modes if m != BASELINE]
     argv = ["--model", str(args.target), "--ctx", str(args.ctx)]
     argv += ["--draft", str(args.draft)] if args.draft else []
@@ -369,11 +376,18 @@ def summarize(data: dict[str, Any]) -> dict[str, dict[str, dict[str, dict[str, A
                     "wall_ratio": round(base_wall / wall, 3) if wall else 0.0,
                     "differs": sum(not s["same"] for s in rows),
                 }
+            per_mode = out[f"pass {pass_no}"][group]
+            best = best_fixed({m: v["tok_s"] for m, v in per_mode.items()})
+            for m, v in per_mode.items():
+                if best is not None and best[1] and m.startswith("auto"):
+                    v["best_fixed"], v["vs_best"] = best[0], round(v["tok_s"] / best[1], 3)
     return out
 
 
 def markdown(summary: dict[str, Any], modes: list[str]) -> str:
-    """The summary as a Markdown table (one row per pass, step group and mode)."""
+    """The summary as a Markdown table (one row per pass, step group and mode), then each auto mode's
+    ratio to the best fixed setting of the run (:data:`bench.modes.FIXED`) where the run had one
+    besides plain decoding."""
     lines = [
         "| pass | steps | mode | tokens | decode tok/s | vs plain (pooled) | per step: median (min-max) "
         "| acceptance | wall s (speedup) |",
@@ -390,13 +404,34 @@ def markdown(summary: dict[str, Any], modes: list[str]) -> str:
                     f"({r['ratio_min']:.2f}-{r['ratio_max']:.2f}) "
                     f"| {acc} | {r['wall_s']:.0f} ({r['wall_ratio']:.2f}x) |"
                 )
+    against = [
+        f"| {pass_name} | {group} | {m} | {per_mode[v['best_fixed']]['ratio']:.2f}x ({v['best_fixed']}) "
+        f"| {v['ratio']:.2f}x | {v['vs_best']:.2f}x |"
+        for pass_name, groups in summary.items()
+        for group, per_mode in groups.items()
+        for m, v in per_mode.items()
+        if "best_fixed" in v
+    ]
+    if against and any(m in FIXED and m != BASELINE for m in modes):
+        lines += [
+            "",
+            "| pass | steps | mode | best fixed setting (vs plain) | mode vs plain | mode / best fixed |",
+            "|---|---|---|---|---|---|",
+            *against,
+        ]
     return "\n".join(lines)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True, help="target GGUF")
     p.add_argument("--draft", help="draft GGUF")
-    p.add_argument("--modes", default="plain,auto", help=f"comma-separated, from: {', '.join(MODES)}")
+    p.add_argument(
+        "--modes",
+        default="plain,auto",
+        help=f"comma-separated, from: {', '.join(MODES)}; spec: spec{','.join(map(str, SPEC_N))} (fixed "
+        "settings, with plain and lookup: auto is held to the best of them per step group). Every mode's "
+        "server runs at once, each holding the pair in memory",
+    )
     p.add_argument("--tasks", default="", help="only these task ids (comma-separated)")
     p.add_argument(
         "--repeats", type=int, default=2, help="the whole workload this many times (new data folders)"

@@ -77,7 +77,7 @@ def test_the_loop_on_servers_interleaves_restarts_and_reports(tiny_pair, tmp_pat
     args = argparse.Namespace(
         target=target,
         draft=tiny_pair.draft,
-        modes="auto,plain",
+        modes="auto,plain,spec2",
         ctx=8192,
         threads=1,
         repeats=1,
@@ -90,7 +90,7 @@ def test_the_loop_on_servers_interleaves_restarts_and_reports(tiny_pair, tmp_pat
     task = Task("forced", "Run the tests, then list the files.", forced=("run_tests", "list_files", "none"))
     data = agent.run(args, (task,))
     meta, steps = data["meta"], data["steps"]
-    assert meta["modes"] == ["plain", "auto"] and meta["passes"] == 2
+    assert meta["modes"] == ["plain", "auto", "spec2"] and meta["passes"] == 2
     assert [(s["pass"], s["step"], s["calls"]) for s in steps] == [
         (p, i, c) for p in (1, 2) for i, c in enumerate((["run_tests"], ["list_files"], []))
     ]
@@ -99,7 +99,7 @@ def test_the_loop_on_servers_interleaves_restarts_and_reports(tiny_pair, tmp_pat
     for s in steps:
         for r in s["replies"].values():
             assert r["tokens"] > 0 and r["decode_s"] > 0 and r["wall_s"] > 0
-        assert s["replies"]["plain"]["drafted"] == 0
+        assert s["replies"]["plain"]["drafted"] == 0 and s["replies"]["spec2"]["drafted"] > 0
     # auto mode keeps its history in its own data folder, kept across the restart and grown by pass 2
     hist = {(h["pass"], h["mode"]): h["files"] for h in meta["history"]}
     assert set(hist) == {(1, "auto"), (2, "auto")}
@@ -111,6 +111,16 @@ def test_the_loop_on_servers_interleaves_restarts_and_reports(tiny_pair, tmp_pat
     row = summary["pass 1"]["all"]["plain"]
     assert row["steps"] == 3 and row["ratio"] == 1.0 and row["ratio_min"] == row["ratio_max"] == 1.0
     assert summary["pass 2"]["all"]["auto"]["differs"] == 0
+    # auto held to the best fixed setting of the run (plain or the draft model at 2 tokens a round)
+    auto = summary["pass 1"]["all"]["auto"]
+    best = summary["pass 1"]["all"][auto["best_fixed"]]
+    assert (
+        auto["best_fixed"] in ("plain", "spec2")
+        and best["tok_s"] >= summary["pass 1"]["all"]["plain"]["tok_s"]
+    )
+    assert auto["vs_best"] == round(auto["tok_s"] / best["tok_s"], 3)
+    assert "best_fixed" not in summary["pass 1"]["all"]["spec2"]
     table = agent.markdown(summary, meta["modes"])
     assert "| pass 1 | other (3) | auto |" in table and "| pass 2 | all (3) | plain |" in table
+    assert f"| pass 1 | all | auto | {best['ratio']:.2f}x ({auto['best_fixed']}) |" in table
     assert "step 1: call ['list_files']" in capsys.readouterr().err
