@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from models_panel_kit import WAIT
 from test_registry_catalog_drafts import EAGLE3, catalog, one_layer
-from test_ui_models import WAIT, make_panel, no_threads_left  # noqa: F401 (fixtures)
 
 from app.tiny_arch import write_tiny_model
 from app.tiny_gguf import write_tiny_llama
@@ -23,7 +23,7 @@ def _pick(ch, kind: str) -> None:
     ch.draft_picker.activated.emit(i)
 
 
-def test_the_draft_picker_offers_own_mtp_layers_and_heads_of_the_target_only(make_panel) -> None:  # noqa: F811
+def test_the_draft_picker_offers_own_mtp_layers_and_heads_of_the_target_only(make_panel) -> None:
     ch = make_panel(catalog=default_catalog()).chooser
     assert not ch.draft_picker.isVisibleTo(ch)  # no target yet
     ch.set_target("qwen3.6-27b-mtp")
@@ -59,7 +59,7 @@ def test_the_draft_picker_offers_own_mtp_layers_and_heads_of_the_target_only(mak
     assert not ch.draft_picker.isVisibleTo(ch)
 
 
-def test_the_draft_picker_offers_an_eagle3_head_for_its_target_only(make_panel) -> None:  # noqa: F811
+def test_the_draft_picker_offers_an_eagle3_head_for_its_target_only(make_panel) -> None:
     text = catalog(("big", "asst"), ("big", "small"), ("other", "small"), head=EAGLE3, head_arch="eagle3",
                    other="llama")  # fmt: skip
     ch = make_panel(catalog=loads_catalog(one_layer(text, "asst"))).chooser
@@ -74,7 +74,7 @@ def test_the_draft_picker_offers_an_eagle3_head_for_its_target_only(make_panel) 
     assert not ch.draft_picker.isVisibleTo(ch)
 
 
-def test_a_target_with_mtp_layers_loads_without_a_draft(make_panel, qtbot, tmp_path: Path) -> None:  # noqa: F811
+def test_a_target_with_mtp_layers_loads_without_a_draft(make_panel, qtbot, tmp_path: Path) -> None:
     panel = make_panel(catalog=default_catalog())
     ch = panel.chooser
     mtp = write_tiny_model(tmp_path / "tiny-mtp.gguf", "qwen35", mtp=1)
@@ -97,7 +97,7 @@ def test_a_target_with_mtp_layers_loads_without_a_draft(make_panel, qtbot, tmp_p
     assert "no multi-token-prediction layers" in ch.verdict.text()
 
 
-def test_catalog_pair_details_name_own_mtp_layers_and_heads(make_panel) -> None:  # noqa: F811
+def test_catalog_pair_details_name_own_mtp_layers_and_heads(make_panel) -> None:
     panel = make_panel(catalog=default_catalog())
     panel.select_pair("gemma-4-31b+assistant")
     d = panel.details
