@@ -69,7 +69,7 @@ class Served:
     created: int = 0
     history: bool = False  # requests are recorded in the drafting history (each as its own document)
     # the draft length in speculative and lookup modes: at most n_max tokens a round, chosen by the
-    # engine's adaptive policy, or (not adaptive) always n_max; auto mode chooses its own
+    # engine's adaptive policy, or (not adaptive) always n_max; in auto mode, the draft model's longest
     n_max: int = 8
     adaptive: bool = True
     backoff: tuple[float, float] = (0.5, 30.0)  # seconds before the first retry of a failed restart, most
