@@ -286,3 +286,21 @@ def test_first_use_times_each_batch_size_first_and_later(tiny_pair, tmp_path, ca
     assert len(result["first"]) == len(result["later"]) == len(first_use.SIZES)
     assert all(x > 0 for x in result["first"] + result["later"])
     assert "batch  64: first" in capsys.readouterr().out
+
+
+def test_replay_calibration_tallies_what_auto_expected_against_what_its_rounds_delivered(capsys) -> None:
+    """A draft that is always right: auto drafts with it, and every drafted round is tallied with the
+    speedup it expected and the tokens it delivered (all it drafted, and the target's own)."""
+    from bench import replay_calibration
+    from bench.replay import Reply, TableCosts
+
+    tokens = list(range(500, 590))
+    right = Reply("r", "math", [1, 2, 3, 4], tokens, [0.999] * 90, tuple(tokens), (0.99,) * 90)
+    costs = TableCosts([1.0, 1.15, 1.3, 1.45, 1.6, 1.75, 1.9, 2.05, 2.2], [0.2, 0.25, 0.3, 0.35])
+    cal = replay_calibration.calibrate([([right], 96)], costs, n_orders=1)
+    model = cal.all["model"]
+    assert model.rounds > 5 and model.tokens / model.steps > 1.5 and model.expected / model.steps > 1.0
+    assert cal.margin.get("model", replay_calibration.Tally()).rounds < model.rounds
+    assert replay_calibration.main(["--tables", "epyc", "--orders", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "| epyc | lookup |" in out and "| table | source |" in out
