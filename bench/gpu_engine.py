@@ -18,6 +18,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -218,8 +219,10 @@ def run_explore(
 ) -> dict[str, Any]:
     """What auto mode's exploring costs at worst: plain and auto decoding interleaved ``repeats`` times
     with a draft model that is never right (the synthetic draft: random weights of its own), as the
-    app loads the pair. Per mode the tokens/s; for auto, its rounds by what drafted them (a random
-    target's text can repeat, and prompt lookup may then copy it)."""
+    app loads the pair. Each mode also runs with every batch evaluated after its round is planned
+    (``-serial``: no round queued before it is planned, :mod:`app.engine.overlap`). Per mode the
+    tokens/s and the rounds queued; for auto, its rounds by what drafted them (a random target's text
+    can repeat, and prompt lookup may then copy it)."""
     from app.engine import EngineClient, GenerationSettings
     from app.engine.events import Finished, Step
 
@@ -228,6 +231,8 @@ def run_explore(
     rng = random.Random(2)
     prompt = [rng.randrange(3, 500) for _ in range(200)]
     modes = {m: GenerationSettings(mode=m, max_tokens=max_tokens) for m in ("plain", "auto")}
+    modes |= {f"{m}-serial": replace(modes[m], overlap=False) for m in ("plain", "auto")}
+    queued: dict[str, list[tuple[int, int, int]]] = {m: [] for m in modes}
     out: dict[str, Any] = {"n_ctx": n_ctx, "max_tokens": max_tokens, "repeats": repeats}
     speeds: dict[str, list[float]] = {m: [] for m in modes}
     sources: dict[str, dict[str, int]] = {}
@@ -245,7 +250,7 @@ def run_explore(
                 for name in modes if i % 2 == 0 else reversed(modes):
                     fin = None
                     for ev in client.generate(prompt=prompt, settings=modes[name]):
-                        if isinstance(ev, Step) and name == "auto":
+                        if isinstance(ev, Step) and name.startswith("auto"):
                             row = sources.setdefault(ev.drafter.value, {"rounds": 0, "accepted": 0})
                             row["rounds"] += 1
                             row["accepted"] += ev.n_accepted
@@ -253,6 +258,7 @@ def run_explore(
                             fin = ev
                     assert fin is not None
                     speeds[name].append(round(fin.stats.decode_tokens_per_second, 2))
+                    queued[name].append((fin.stats.rounds, fin.stats.n_queued, fin.stats.n_wasted))
                     texts[name].append(tuple(fin.tokens))
             same = all(t == texts["plain"][0] for ts in texts.values() for t in ts)
     finally:
@@ -261,6 +267,13 @@ def run_explore(
     ratios = [a / p for a, p in zip(speeds["auto"], speeds["plain"], strict=True)]
     out["auto_over_plain"] = [round(r, 4) for r in ratios]
     out["auto_over_plain_median"] = round(statistics.median(ratios), 4)
+    for serial in ("plain", "auto"):  # what queuing gives each mode, run by run
+        pairs = zip(speeds[serial], speeds[f"{serial}-serial"], strict=True)
+        out[f"{serial}_over_serial"] = [round(a / b, 4) for a, b in pairs]
+    out["auto_serial_over_plain_serial"] = [
+        round(a / p, 4) for a, p in zip(speeds["auto-serial"], speeds["plain-serial"], strict=True)
+    ]
+    out["rounds_queued_wasted"] = queued
     out["auto_rounds"] = sources
     out["same_as_plain"] = same
     return out

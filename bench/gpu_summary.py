@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 SHOWN_BATCHES = (2, 4, 8, 16, 32, 64)
@@ -98,6 +99,14 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
             f" tok/s, auto {tps['auto']}; auto / plain {x['auto_over_plain_median']:.3f} (median); auto's"
             f" rounds: {rounds}; same as plain: {x['same_as_plain']}"
         )
+        if "plain_over_serial" in x:
+            med = statistics.median
+            lines.append(
+                f"explore, queued rounds: plain {med(x['plain_over_serial']):.3f}x and auto"
+                f" {med(x['auto_over_serial']):.3f}x of the same mode serial (medians); serial, auto / plain"
+                f" {med(x['auto_serial_over_plain_serial']):.3f}; rounds, queued, wasted per run:"
+                f" {x['rounds_queued_wasted']}"
+            )
     if "replay" in result:
         lines += _replay_lines(result["replay"])
     if "lossless" in result:

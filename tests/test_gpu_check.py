@@ -238,11 +238,14 @@ def test_explore_step_runs_auto_beside_plain_with_a_draft_that_is_never_right(ti
         threads=1,
     )
     assert x["same_as_plain"]
-    assert [len(x["tokens_per_second"][m]) for m in ("plain", "auto")] == [2, 2]
+    assert [len(v) for v in x["tokens_per_second"].values()] == [2] * 4  # plain, auto, each serial too
     assert len(x["auto_over_plain"]) == 2 and x["auto_over_plain_median"] > 0
     assert sum(r["rounds"] for r in x["auto_rounds"].values()) >= 2  # its rounds, by what drafted them
     line = next(t for t in gpu_check.summary_lines({"explore": x}) if t.startswith("explore"))
     assert "auto / plain" in line and "same as plain: True" in line
+    queued = next(t for t in gpu_check.summary_lines({"explore": x}) if t.startswith("explore, queued"))
+    assert "of the same mode serial" in queued  # on a CPU nothing is queued: 1.0x within noise
+    assert all(q == 0 for runs in x["rounds_queued_wasted"].values() for _, q, _ in runs)
 
 
 def _fake_sdist(root: Path) -> Path:

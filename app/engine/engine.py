@@ -33,6 +33,7 @@ from app.engine.loading import (
     plan_for,
     warm_up,
 )
+from app.engine.overlap import Overlap
 from app.engine.policy import (
     AdaptivePolicy,
     DraftPolicy,
@@ -143,6 +144,11 @@ class Engine:
         # auto mode's cost measurements belong to this loaded pair on this machine: keep them
         self.costs: CostModel = costs or MeasuredCosts()
         self._auto: dict[int, AutoDrafter] = {}
+        # a target whose every layer is on a GPU queues its evaluations: plain rounds may then be queued
+        # before they are planned (app.engine.overlap), learned per mode
+        offload = self.target.offload
+        self._queues = offload.on_gpu and offload.layers_offloaded >= offload.layers_total
+        self._overlap: dict[Mode, Overlap] = {}
         # what auto mode learned for this pair on this machine in earlier sessions (beside the history)
         plan = self.plan
         where = f"{backend_name()}, layers {plan.target_layers}/{plan.draft_layers}, {settings.n_threads}"
@@ -339,6 +345,7 @@ class Engine:
                 cancel=is_cancelled,
                 mode=gs.mode,
                 grammar=grammar,
+                overlap=self._overlap.setdefault(gs.mode, Overlap()) if self._queues and gs.overlap else None,
             ):
                 if isinstance(event, Finished) and keeper is not None:
                     keeper.drafter.learn([*prompt, *event.tokens])

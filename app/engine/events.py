@@ -170,6 +170,10 @@ class Stats:
     # per source that drafted: (source, rounds, tokens drafted, tokens accepted), in order of first use
     # (a copy appended where a model's draft ends is prompt lookup's: that round counts for both)
     drafted_by: tuple[tuple[Source, int, int, int], ...] = ()
+    # rounds whose evaluation was queued before they were planned (a GPU: app.engine.overlap), and of
+    # them those that drafted after all (the queued step wasted)
+    n_queued: int = 0
+    n_wasted: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -195,6 +199,8 @@ class StatsBuilder:
     t_prompt: float = 0.0
     ttft: float = 0.0
     steps: list[Step] = field(default_factory=list)
+    n_queued: int = 0
+    n_wasted: int = 0
 
     def add(self, step: Step) -> None:
         self.steps.append(step)
@@ -258,6 +264,8 @@ class StatsBuilder:
             if steps and all(s.decision.action is Action.NO_ROLLBACK for s in steps)
             else None,
             drafted_by=tuple((src, *counts) for src, counts in by.items()),  # type: ignore[misc]
+            n_queued=self.n_queued,
+            n_wasted=self.n_wasted,
         )
 
 

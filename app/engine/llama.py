@@ -371,12 +371,16 @@ class Context:
         self._states: dict[int, tuple[ctypes.Array[ctypes.c_uint8], int]] = {}  # saved states, by slot
         self.n_vocab = model.n_vocab
 
-    def decode(self, tokens: Sequence[int], pos0: int, *, logits: str | Sequence[bool] = "last") -> int:
+    def decode(
+        self, tokens: Sequence[int], pos0: int, *, logits: str | Sequence[bool] = "last", wait: bool = True
+    ) -> int:
         """Evaluate ``tokens`` at positions ``pos0...``; keep logits "last", "all", "none" or by mask.
 
         Returns the number of logit rows available through :meth:`logits`, in batch order. Batches larger
         than ``n_batch`` are split; logits are then only kept for the final chunk's requested rows.
-        Returns when the evaluation is done, also on a GPU.
+        Returns when the evaluation is done, also on a GPU; with ``wait=False`` a GPU backend returns
+        once the work is queued (:meth:`synchronize` waits; reading a logit row waits too). The rows of
+        the decode before are then no longer to be read: the queued one overwrites them.
         """
         n = len(tokens)
         if n == 0:
@@ -417,8 +421,13 @@ class Context:
         # first logits read, puts the evaluation's time where auto mode times it (its verify batches,
         # draft steps and warm-up would otherwise time the queueing: an H100's batch of 8 read as one
         # decode step, not two). Nothing is lost: every caller reads the logits or decodes again next.
-        llama_cpp.llama_synchronize(self._handle)
+        if wait:
+            llama_cpp.llama_synchronize(self._handle)
         return self._n_out
+
+    def synchronize(self) -> None:
+        """Wait until the evaluations queued on the device are done (at once on the CPU)."""
+        llama_cpp.llama_synchronize(self._handle)
 
     def logits(self, i: int) -> np.ndarray:
         """Logits of output row ``i`` of the last decode (a view: copy it to keep it past the next one)."""

@@ -101,13 +101,15 @@ class CachedSequence:
         return min(batch - 1, self.memory.snapshots)
 
     # -- evaluation ---------------------------------------------------------------------------------
-    def extend(self, tokens: Sequence[int], *, logits: str | Sequence[bool] = "last") -> int:
+    def extend(
+        self, tokens: Sequence[int], *, logits: str | Sequence[bool] = "last", wait: bool = True
+    ) -> int:
         """Evaluate ``tokens`` after the held ones; returns the logit rows (see ``Context.decode``)."""
         if not tokens:
             return 0
         n0 = len(self.tokens)
         try:
-            rows = self.ctx.decode(tokens, n0, logits=logits)
+            rows = self.ctx.decode(tokens, n0, logits=logits, wait=wait)
         except BaseException:
             self._reset()  # a failed batch leaves the memory in an unknown state
             raise

@@ -115,6 +115,9 @@ class GenerationSettings:
     history_doc: str | None = None
     # structured output: the reply follows this grammar (None: free text)
     constraint: Constraint | None = None
+    # where the target runs on a GPU, queue a plain round's evaluation before planning it (see
+    # app.engine.overlap; off: every batch after its round is planned, as on a CPU: for benchmarks)
+    overlap: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

@@ -24,6 +24,7 @@ from app.engine import sampling
 from app.engine.drafting.base import EMPTY, Drafter, Outcome, Proposal
 from app.engine.errors import PromptTooLongError
 from app.engine.events import Finished, FinishReason, Mode, Started, StatsBuilder, Step
+from app.engine.overlap import Overlap
 from app.engine.policy import DraftPolicy
 from app.engine.sampling import SamplingParams
 from app.engine.sequence import PROMPT, CachedSequence
@@ -50,6 +51,15 @@ class TargetCache(CachedSequence):
         if draft and self.undo_reach(len(draft) + 1) < len(draft):
             self.checkpoint()
         self.extend([pending, *draft], logits="all")
+
+    def queue(self, pending: int) -> None:
+        """Queue the evaluation of ``pending`` alone, without waiting for it (see :mod:`.overlap`):
+        the next round reads its row after :meth:`settle`, or removes it and drafts."""
+        self.extend([pending], logits="last", wait=False)
+
+    def settle(self) -> None:
+        """Wait for queued evaluations."""
+        self.ctx.synchronize()
 
 
 def verify(
@@ -130,12 +140,15 @@ def generate(
     mode: Mode | str = Mode.SPECULATIVE,
     rng: np.random.Generator | None = None,
     grammar: Grammar | None = None,
+    overlap: Overlap | None = None,
 ) -> Iterator[Started | Step | Finished]:
     """Generate a reply to ``prompt`` (token ids), yielding ``Started``, ``Step``s and ``Finished``.
 
     The ``Step`` texts concatenate to the reply; ``Finished.text`` is the whole reply (after a cancel it
     also holds text that was held back, e.g. the start of a possible stop string). With a ``grammar``
     (fresh: in its start state), the reply follows it and ends (reason "eog") once it is complete.
+    With an ``overlap`` (a target whose evaluations are queued on a GPU), the next round's pending
+    token is queued before the round is planned, where that is expected to pay (:mod:`.overlap`).
     """
     n_ctx = target.ctx.n_ctx
     if not prompt:
@@ -157,6 +170,11 @@ def generate(
     utf8 = Utf8Stream()
     stopper = StopMatcher(stop)
     pieces: list[str] = []
+    if overlap is not None and not (target.can_trim_any and target.ctx.on_decode is None):
+        overlap = None  # a queued token must be removable, and no drafter may read the batch as it lands
+    queued = 0.0  # when the pending token's evaluation was queued (0.0: it was not)
+    t_reads = 0.0  # when the last round's logit rows were read (from then on the next batch could run)
+    drafted_last: bool | None = None  # whether the last round drafted (None: no round yet)
     try:
         stats.n_prompt_cached = target.begin(prompt)
         if drafter is not None:
@@ -182,8 +200,31 @@ def generate(
                     proposal = within_grammar(proposal, grammar, params)
 
             t1 = time.perf_counter()
-            target.verify_batch(tokens[-1], proposal.tokens)
-            t_llama_verify = time.perf_counter() - t1
+            timed = True  # whether t_llama_verify times the evaluation (for the drafter's cost model)
+            if queued and proposal.tokens:  # the round drafts after all: the queued step is wasted
+                target.settle()
+                target.rollback(n - 1)
+                queued = 0.0
+                stats.n_wasted += 1
+            if queued:
+                target.settle()
+                t_ready = time.perf_counter()
+                # the step is timed only where the CPU waited for it (not a tenth of it: noise)
+                timed = t_ready - t1 > 0.1 * (t_ready - queued)
+                t_llama_verify = t_ready - queued if timed else t_ready - t1
+                t_blocked = t_ready - t1
+                queued = 0.0
+            else:
+                target.verify_batch(tokens[-1], proposal.tokens)
+                t_llama_verify = t_blocked = time.perf_counter() - t1
+            if overlap is not None:
+                if not proposal.tokens:
+                    if t_reads:
+                        overlap.gap.add(t1 - t_reads)
+                    if timed:
+                        overlap.step.add(t_llama_verify)
+                overlap.observe(drafted_last, bool(proposal.tokens))
+            drafted_last = bool(proposal.tokens)
             new, from_draft = verify(target.ctx.logits, tokens, proposal, params, rng, grammar)
             n_accepted = sum(from_draft)
             sure: tuple[float, ...] = ()
@@ -198,7 +239,21 @@ def generate(
                 )
             t2 = time.perf_counter()
             target.rollback(n + n_accepted)  # keep through the last accepted draft token
-            t_llama_verify += time.perf_counter() - t2  # a restore and replay is part of verifying
+            t_rollback = time.perf_counter() - t2  # a restore and replay is part of verifying
+            t_llama_verify += t_rollback
+            t_blocked += t_rollback
+            t_reads = time.perf_counter()
+            if (
+                overlap is not None
+                and not any(is_eog(t) for t in new)
+                and len(tokens) + len(new) - n_prompt < max_tokens
+                and len(tokens) + len(new) < n_ctx
+                and not (grammar is not None and grammar.done)
+                and overlap.should_queue(drafted_last, drafter is not None)
+            ):
+                target.queue(new[-1])  # the next round's pending token, evaluated while it is planned
+                queued = time.perf_counter()
+                stats.n_queued += 1
             policy.observe(len(proposal.tokens), n_accepted)
             if drafter is not None:
                 drafter.observe(
@@ -211,6 +266,7 @@ def generate(
                         t_llama_verify,
                         time.perf_counter() - t0,
                         sure,
+                        timed,
                     ),
                 )
             t_verify = time.perf_counter() - t1
@@ -255,7 +311,7 @@ def generate(
                 t_draft=t1 - t0,
                 t_verify=t_verify,
                 t_round=time.perf_counter() - t0,
-                t_llama=proposal.t_llama + t_llama_verify,
+                t_llama=proposal.t_llama + t_blocked,
                 began=began,
             )
             stats.add(step)
@@ -265,6 +321,8 @@ def generate(
     finally:
         # Whatever happened (cancel, an abandoned stream, an exception), leave the KV cache holding
         # exactly the accepted text minus the pending token, ready for the next request.
+        if queued:
+            target.settle()
         target.rollback(min(len(target.tokens), max(0, len(tokens) - 1)))
 
     t_decode = time.perf_counter() - t_decode0

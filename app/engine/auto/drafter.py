@@ -243,7 +243,8 @@ class AutoDrafter:
         )
 
     def observe(self, proposal: Proposal, outcome: Outcome) -> None:
-        self.costs.observe_verify(outcome.batch, outcome.t_verify)
+        if outcome.timed:
+            self.costs.observe_verify(outcome.batch, outcome.t_verify)
         self.target_confidence.extend(outcome.confidence)
         rounds = next((r for r in self.predictors if r.source is proposal.source), None)
         probing = rounds is not None and rounds.probing

@@ -57,6 +57,9 @@ class Outcome:
     t_round: float = 0.0  # the whole round so far: drafting, verification and its Python
     # the target's top-token probability for the last tokens the round added (when the drafter asks)
     confidence: tuple[float, ...] = ()
+    # whether t_verify times the evaluation: a batch queued before its round was planned is not timed
+    # where the CPU took longer than it (see app.engine.overlap)
+    timed: bool = True
 
 
 class Drafter(Protocol):
