@@ -212,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--orders", type=int, default=1, help="replay orders (default 1)")
     p.add_argument("--replay-limit", type=int, default=0, help="replay only the first N replies of each set")
     p.add_argument("--engine-tokens", type=int, default=256)
+    p.add_argument("--explore-repeats", type=int, default=3, help="interleaved runs of the explore step")
     p.add_argument("--lossless-pairs", default="", help="tiny pairs to check (default: all six)")
     p.add_argument("--step-timeout", type=float, default=300.0, help="seconds for a backend's cost table")
     p.add_argument("--allow-cpu", action="store_true", help="run the GPU steps without a GPU (tests)")
@@ -285,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
                     models["target"]["path"],
                     models["draft"]["path"],
                     max_tokens=args.engine_tokens,
+                    repeats=args.explore_repeats,
                     allow_cpu=args.allow_cpu,
                 )
             elif step == "replay":
