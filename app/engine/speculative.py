@@ -199,13 +199,13 @@ def generate(
                     proposal = drafter.propose(tokens, choice.k, params, rng, grammar=grammar)
                     proposal = within_grammar(proposal, grammar, params)
 
-            t1 = time.perf_counter()
-            timed = True  # whether t_llama_verify times the evaluation (for the drafter's cost model)
             if queued and proposal.tokens:  # the round drafts after all: the queued step is wasted
-                target.settle()
+                target.settle()  # (in the round's time, not in what its batch is timed at)
                 target.rollback(n - 1)
                 queued = 0.0
                 stats.n_wasted += 1
+            t1 = time.perf_counter()
+            timed = True  # whether t_llama_verify times the evaluation (for the drafter's cost model)
             if queued:
                 target.settle()
                 t_ready = time.perf_counter()
