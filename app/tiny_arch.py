@@ -24,7 +24,7 @@ Imports only numpy, gguf, the standard library, :mod:`app.tiny_gguf`, :mod:`app.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
@@ -322,6 +322,7 @@ def write_tiny_model(
     shape: Mapping[str, Any] | None = None,
     name: str | None = None,
     mtp: int = 0,
+    values: Mapping[str, Callable[[], np.ndarray]] | None = None,
 ) -> Path:
     """Write a GGUF of architecture ``arch`` with random weights to ``path`` and return the path.
     ``mtp``: multi-token-prediction blocks after the trunk (:mod:`app.tiny_mtp`).
@@ -340,6 +341,10 @@ def write_tiny_model(
     (:mod:`app.tiny_quants`), which takes seconds for a 2B model where quantizing floats would take
     many minutes; "F32" is refused for models above 2**28 parameters.
 
+    ``values`` gives some tensors chosen values instead (by name: a function returning the array in
+    numpy's shape, called when the tensor is written): a matrix the file quantizes is stored as Q8_0,
+    anything else as F32.
+
     At a real shape a draft is far more sensitive to ``noise`` than a tiny one (24 layers, 248320 logits
     with small gaps): about 0.01 gives the ~60% agreement that :data:`DEFAULT_NOISE` gives the tiny ones
     (measured at :data:`QWEN35_0_8B_SHAPE` and :data:`QWEN35_2B_SHAPE`, Q4_0). Most tokens such a model
@@ -348,6 +353,7 @@ def write_tiny_model(
     if quant not in _FILE_TYPES:
         raise ValueError(f"quant must be one of {', '.join(_FILE_TYPES)}, not {quant!r}")
     s = model_shape(arch, shape)
+    values = values or {}
     kv, tensors = _plan(arch, s)
     if mtp:
         from app.tiny_mtp import add_mtp_blocks
@@ -371,7 +377,7 @@ def write_tiny_model(
     for t in tensors:
         np_shape = t.ne[::-1]
         if _quantizable(t, quant):
-            qtype = _qtype(t, quant, s)
+            qtype = GGMLQuantizationType.Q8_0 if t.name in values else _qtype(t, quant, s)
             byte_shape = quant_shape_to_byte_shape(np_shape, qtype)
             writer.add_tensor_info(
                 t.name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=qtype
@@ -382,6 +388,11 @@ def write_tiny_model(
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     for i, t in enumerate(tensors):
+        if t.name in values:
+            w = np.asarray(values[t.name](), dtype=np.float32).reshape(t.ne[::-1])
+            q8 = GGMLQuantizationType.Q8_0
+            writer.write_tensor_data(quantize(w, q8) if _quantizable(t, quant) else w)
+            continue
         rng = np.random.default_rng([seed if base_seed is None else base_seed, i])
         noise_rng = None if base_seed is None else np.random.default_rng([seed, i, 1])
         if _quantizable(t, quant) and (quant == "Q4_K_M" or int(np.prod(t.ne)) >= RAW_MIN_ELEMENTS):

@@ -15,15 +15,19 @@ Steps, each written to the JSON as it ends (a run stopped half-way keeps what it
    not on the GPU.
 3. ``engine``: the engine process (``EngineClient``, as the app) in plain and speculative mode with the
    target as its own draft (:mod:`bench.gpu_engine`): the loop's overhead per round beside the table.
-4. ``replay``: the recorded single-turn, multi-turn and held-out drafts
+4. ``explore``: plain and auto mode with the random draft (never right), each with and without
+   rounds queued before they are planned (:func:`bench.gpu_engine.run_explore`).
+5. ``acceptance``: auto mode against every fixed setting live, with drafts right at 50, 75 and 90 %
+   per token (:func:`bench.gpu_models.write_walk_models`, :func:`bench.gpu_engine.run_acceptance`).
+6. ``replay``: the recorded single-turn, multi-turn and held-out drafts
    (``bench/recorded/*.replies.json.gz``) replayed with the measured table (:mod:`bench.gpu_replay`):
    what they would give with a 7B target on this GPU, per mode, with the table after 512 and after
    4096 tokens.
-5. ``lossless``: the tests' tiny real models on the GPU (:mod:`bench.gpu_lossless`).
-6. ``backends``: step 2 for the other builds given with ``--backend`` (Vulkan), last: the first one's
+7. ``lossless``: the tests' tiny real models on the GPU (:mod:`bench.gpu_lossless`).
+8. ``backends``: step 2 for the other builds given with ``--backend`` (Vulkan), last: the first one's
    figures matter most, and a call that runs out of time keeps them.
 
-``--dry-run`` runs steps 1 and 4, step 4 with ``--ratios`` (default ``recorded``: the table measured
+``--dry-run`` runs steps 1 and 6, step 6 with ``--ratios`` (default ``recorded``: the table measured
 where the replies were prepared; ``gpu``: the assumed laptop-GPU table of ``bench.replay --ratios
 gpu``; a comma list; or an earlier check's JSON). ``--shapes tiny`` writes small models of the same
 layout (tests). ``--allow-cpu`` runs every step on whatever llama.cpp has (tests of the check itself).
@@ -45,7 +49,7 @@ from typing import Any
 from bench.gpu_summary import summary_lines
 
 REPO = Path(__file__).resolve().parents[1]
-STEPS = ("models", "costs", "engine", "explore", "replay", "lossless", "backends")
+STEPS = ("models", "costs", "engine", "explore", "acceptance", "replay", "lossless", "backends")
 DRY_STEPS = ("models", "replay")
 # an earlier check's table, replayed again here: the context its replies are nearest
 SET_CONTEXT = {"single-turn": "512", "multi-turn": "4096", "held-out": "512"}
@@ -200,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--dry-run", action="store_true", help="only the steps that need no GPU: models, replay")
     p.add_argument("--steps", default="", help=f"comma-separated, from {','.join(STEPS)} (default: all)")
-    p.add_argument("--shapes", choices=("real", "tiny"), default="real", help="synthetic model shapes")
+    p.add_argument("--shapes", choices=("real", "small", "tiny"), default="real", help="synthetic shapes")
     p.add_argument("--workdir", type=Path, help="where models are written (default: a temporary folder)")
     p.add_argument("--backend", action="append", default=[], metavar="NAME=DIR",
                    help="also measure the build whose llama_cpp package is in DIR (repeatable); the first "
@@ -213,6 +217,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replay-limit", type=int, default=0, help="replay only the first N replies of each set")
     p.add_argument("--engine-tokens", type=int, default=256)
     p.add_argument("--explore-repeats", type=int, default=3, help="interleaved runs of the explore step")
+    p.add_argument(
+        "--acceptance-repeats", type=int, default=3, help="interleaved runs of the acceptance step"
+    )
+    p.add_argument(
+        "--acceptance-modes",
+        default="",
+        help="the acceptance step's modes (default: plain, spec1-4, 6, 8, lookup, auto)",
+    )
     p.add_argument("--lossless-pairs", default="", help="tiny pairs to check (default: all six)")
     p.add_argument("--step-timeout", type=float, default=300.0, help="seconds for a backend's cost table")
     p.add_argument("--allow-cpu", action="store_true", help="run the GPU steps without a GPU (tests)")
@@ -287,6 +299,19 @@ def main(argv: list[str] | None = None) -> int:
                     models["draft"]["path"],
                     max_tokens=args.engine_tokens,
                     repeats=args.explore_repeats,
+                    allow_cpu=args.allow_cpu,
+                )
+            elif step == "acceptance":
+                from bench.gpu_engine import ACCEPTANCE_MODES, run_acceptance
+                from bench.gpu_models import write_walk_models
+
+                result["walk_models"] = write_walk_models(work, args.shapes)
+                write(args.out, result)
+                result["acceptance"] = run_acceptance(
+                    result["walk_models"],
+                    modes=args.acceptance_modes or ACCEPTANCE_MODES,
+                    max_tokens=args.engine_tokens,
+                    repeats=args.acceptance_repeats,
                     allow_cpu=args.allow_cpu,
                 )
             elif step == "replay":

@@ -277,3 +277,99 @@ def run_explore(
     out["auto_rounds"] = sources
     out["same_as_plain"] = same
     return out
+
+
+ACCEPTANCE_MODES = "plain,spec1,spec2,spec3,spec4,spec6,spec8,lookup,auto"
+
+
+def run_acceptance(
+    walk: dict[str, Any],
+    *,
+    modes: str = ACCEPTANCE_MODES,
+    max_tokens: int = 256,
+    repeats: int = 3,
+    n_ctx: int = 4096,
+    allow_cpu: bool = False,
+    threads: int | None = None,
+) -> dict[str, Any]:
+    """Auto mode held to the best fixed setting live, at chosen acceptance: for each draft of a walk
+    pair (:func:`bench.gpu_models.write_walk_models`, right at a known rate per token), the pair
+    loaded as the app loads it and ``modes`` interleaved ``repeats`` times, each time in another
+    order, from a fresh engine (auto mode learns from nothing, the worst case). Per acceptance: each
+    mode's tokens/s, the best fixed setting, auto's ratio to it and to plain per repeat, the
+    acceptance speculative decoding measured, and what auto drafted."""
+    from app.engine import EngineClient
+    from app.engine.events import Finished, Step
+    from bench.modes import best_fixed, parse_modes
+
+    chosen = parse_modes(modes)
+    rng = random.Random(3)
+    prompt = [rng.randrange(3, 500) for _ in range(200)]
+    out: dict[str, Any] = {"max_tokens": max_tokens, "repeats": repeats, "modes": [m.name for m in chosen]}
+    for q, draft in walk["drafts"].items():
+        memory = Path(tempfile.mkdtemp(prefix="tandem-gpu-acceptance-"))
+        speeds: dict[str, list[float]] = {m.name: [] for m in chosen}
+        drafted: dict[str, list[tuple[int, int, int, int]]] = {m.name: [] for m in chosen}
+        same = True
+        try:
+            with EngineClient() as client:
+                client.load(_load(walk["target"]["path"], draft["path"], n_ctx, threads, allow_cpu, memory))
+                lines, _ = log_since(client.log_path, 0)
+                size = gpu_bound_bytes(walk["target"]["path"]) + gpu_bound_bytes(draft["path"])
+                check_engine_on_gpu(lines, 2, allow_cpu=allow_cpu, file_bytes=size)
+                for _ in client.generate(prompt=prompt, settings=parse_modes("plain")[0].settings(16)):
+                    pass
+                reference = None
+                for i in range(repeats):
+                    for m in chosen[i % len(chosen) :] + chosen[: i % len(chosen)]:
+                        fin = None
+                        rounds = 0
+                        for ev in client.generate(prompt=prompt, settings=m.settings(max_tokens)):
+                            if isinstance(ev, Step):
+                                rounds += bool(ev.n_drafted)
+                            elif isinstance(ev, Finished):
+                                fin = ev
+                        assert fin is not None
+                        speeds[m.name].append(round(fin.stats.decode_tokens_per_second, 2))
+                        st = fin.stats
+                        drafted[m.name].append((rounds, st.rounds, st.n_drafted, st.n_accepted))
+                        reference = reference or fin.tokens
+                        same = same and fin.tokens == reference
+        finally:
+            shutil.rmtree(memory, ignore_errors=True)
+        out[q] = _acceptance_summary(speeds, drafted, best_fixed, same)
+    return out
+
+
+def _rate(rows: list[tuple[int, int, int, int]] | None) -> float | None:
+    """Accepted over drafted tokens, over all repeats (spec1's: the draft's chance per token)."""
+    drafted = sum(r[2] for r in rows or [])
+    return round(sum(r[3] for r in rows or []) / drafted, 4) if drafted else None
+
+
+def _acceptance_summary(
+    speeds: dict[str, list[float]], drafted: dict[str, Any], best_fixed: Any, same: bool
+) -> dict[str, Any]:
+    """Per repeat: auto over plain and over the best fixed setting of that repeat; their medians."""
+    repeats = len(speeds["plain"])
+    over_plain, over_best, best_names = [], [], []
+    for i in range(repeats):
+        name, speed = best_fixed({m: s[i] for m, s in speeds.items()})
+        best_names.append(name)
+        over_best.append(round(speeds["auto"][i] / speed, 4))
+        over_plain.append(round(speeds["auto"][i] / speeds["plain"][i], 4))
+    medians = {m: statistics.median(s) for m, s in speeds.items()}
+    best, best_speed = best_fixed(medians)
+    return {
+        "tokens_per_second": speeds,
+        "best_fixed": best,
+        "best_over_plain": round(best_speed / medians["plain"], 4),
+        "auto_over_plain": over_plain,
+        "auto_over_best": over_best,
+        "auto_over_plain_median": round(statistics.median(over_plain), 4),
+        "auto_over_best_median": round(statistics.median(over_best), 4),
+        "best_each_repeat": best_names,
+        "rounds_drafted": drafted,  # per mode and repeat: rounds that drafted, rounds, drafted, accepted
+        "spec1_acceptance": _rate(drafted.get("spec1")),
+        "same_as_plain": same,
+    }

@@ -107,6 +107,8 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
                 f" {med(x['auto_serial_over_plain_serial']):.3f}; rounds, queued, wasted per run:"
                 f" {x['rounds_queued_wasted']}"
             )
+    if "acceptance" in result:
+        lines += _acceptance_lines(result["acceptance"])
     if "replay" in result:
         lines += _replay_lines(result["replay"])
     if "lossless" in result:
@@ -128,4 +130,25 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         lines.append(f"skipped (past the deadline): {', '.join(result['skipped'])}")
     for step, err in (result.get("errors") or {}).items():
         lines.append(f"{step}: FAILED: {err}")
+    return lines
+
+
+def _acceptance_lines(a: dict[str, Any]) -> list[str]:
+    """Per acceptance: the best fixed setting over plain, auto over plain and over the best (medians
+    and ranges over the repeats), what speculative decoding accepted, and whether every mode wrote
+    plain's tokens."""
+    head = f"acceptance (auto against the fixed settings live, {a['max_tokens']} tokens,"
+    head += f" {a['repeats']} repeats):"
+    lines = [head]
+
+    def spread(xs: list[float]) -> str:
+        return f"{statistics.median(xs):.3f} ({min(xs):.3f}-{max(xs):.3f})"
+
+    for q, x in a.items():
+        if isinstance(x, dict):
+            lines.append(
+                f"  draft right {float(q):.0%} per token (spec1 accepted {x['spec1_acceptance']}): best fixed"
+                f" {x['best_fixed']} {x['best_over_plain']:.3f}x plain; auto {spread(x['auto_over_plain'])}x"
+                f" plain, {spread(x['auto_over_best'])} of the best; same as plain: {x['same_as_plain']}"
+            )
     return lines
