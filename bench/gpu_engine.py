@@ -295,9 +295,9 @@ def run_acceptance(
     """Auto mode held to the best fixed setting live, at chosen acceptance: for each draft of a walk
     pair (:func:`bench.gpu_models.write_walk_models`, right at a known rate per token), the pair
     loaded as the app loads it and ``modes`` interleaved ``repeats`` times, each time in another
-    order, from a fresh engine (auto mode learns from nothing, the worst case). Per acceptance: each
-    mode's tokens/s, the best fixed setting, auto's ratio to it and to plain per repeat, the
-    acceptance speculative decoding measured, and what auto drafted."""
+    order, in a fresh engine per pair (auto's first reply learns from nothing, the worst case). Per
+    acceptance: each mode's tokens/s, the best fixed setting, auto's ratio to it and to plain per
+    repeat, the acceptance speculative decoding measured, and what auto drafted."""
     from app.engine import EngineClient
     from app.engine.events import Finished, Step
     from bench.modes import best_fixed, parse_modes
