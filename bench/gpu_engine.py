@@ -125,6 +125,19 @@ def _load(target: str, draft: str, n_ctx: int, threads: int | None, allow_cpu: b
     )  # fmt: skip
 
 
+def _load_pair(client: Any, settings: Any, prompt: list[int], allow_cpu: bool) -> None:
+    """Load a target and draft (``settings``), check both went to the GPU whole, warm up with 16 plain
+    tokens of ``prompt``."""
+    from app.engine import GenerationSettings
+
+    client.load(settings)
+    lines, _ = log_since(client.log_path, 0)
+    size = gpu_bound_bytes(settings.target) + gpu_bound_bytes(settings.draft)
+    check_engine_on_gpu(lines, 2, allow_cpu=allow_cpu, file_bytes=size)
+    for _ in client.generate(prompt=prompt, settings=GenerationSettings(mode="plain", max_tokens=16)):
+        pass
+
+
 def run_engine(
     target: str,
     table: dict[str, Any] | None,
@@ -239,12 +252,7 @@ def run_explore(
     same = True
     try:
         with EngineClient() as client:
-            client.load(settings)
-            lines, _ = log_since(client.log_path, 0)
-            size = gpu_bound_bytes(target) + gpu_bound_bytes(draft)
-            check_engine_on_gpu(lines, 2, allow_cpu=allow_cpu, file_bytes=size)
-            for _ in client.generate(prompt=prompt, settings=GenerationSettings(mode="plain", max_tokens=16)):
-                pass
+            _load_pair(client, settings, prompt, allow_cpu)
             texts: dict[str, list[tuple[int, ...]]] = {m: [] for m in modes}
             for i in range(repeats):
                 for name in modes if i % 2 == 0 else reversed(modes):
@@ -313,12 +321,8 @@ def run_acceptance(
         same = True
         try:
             with EngineClient() as client:
-                client.load(_load(walk["target"]["path"], draft["path"], n_ctx, threads, allow_cpu, memory))
-                lines, _ = log_since(client.log_path, 0)
-                size = gpu_bound_bytes(walk["target"]["path"]) + gpu_bound_bytes(draft["path"])
-                check_engine_on_gpu(lines, 2, allow_cpu=allow_cpu, file_bytes=size)
-                for _ in client.generate(prompt=prompt, settings=parse_modes("plain")[0].settings(16)):
-                    pass
+                settings = _load(walk["target"]["path"], draft["path"], n_ctx, threads, allow_cpu, memory)
+                _load_pair(client, settings, prompt, allow_cpu)
                 reference = None
                 for i in range(repeats):
                     for m in chosen[i % len(chosen) :] + chosen[: i % len(chosen)]:
