@@ -311,6 +311,9 @@ def run_acceptance(
     from bench.modes import best_fixed, parse_modes
 
     chosen = parse_modes(modes)
+    missing = {"plain", "auto"} - {m.name for m in chosen}
+    if missing or not any(m.fixed and m.name != "plain" for m in chosen):
+        raise ValueError(f"the acceptance step needs plain, auto and a fixed drafting setting, not {modes!r}")
     rng = random.Random(3)
     prompt = [rng.randrange(3, 500) for _ in range(200)]
     out: dict[str, Any] = {"max_tokens": max_tokens, "repeats": repeats, "modes": [m.name for m in chosen]}

@@ -155,6 +155,8 @@ def write_walk_models(
 
     from app.tiny_arch import write_tiny_model
 
+    if not acceptance or not all(0.0 < q <= 1.0 for q in acceptance):
+        raise ValueError(f"each acceptance is a share of tokens in (0, 1], not {acceptance!r}")
     target_shape, draft_shape = SHAPES[shapes]
     nxt = walk_next(target_shape["n_vocab"])
     out: dict[str, Any] = {"shapes": shapes, "drafts": {}}

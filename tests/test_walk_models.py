@@ -70,3 +70,11 @@ def test_acceptance_step_holds_auto_to_the_fixed_settings(walk: dict, tmp_path: 
     at = next(i for i, line in enumerate(lines) if line.startswith("acceptance"))
     assert "draft right 100% per token" in lines[at + 1] and "draft right 50% per token" in lines[at + 2]
     assert "of the best" in lines[at + 2] and "same as plain: True" in lines[at + 2]
+
+
+def test_bad_settings_are_refused_before_anything_is_written_or_loaded(tmp_path: Path, walk: dict) -> None:
+    with pytest.raises(ValueError, match="acceptance"):
+        write_walk_models(tmp_path, "tiny", acceptance=(0.5, 1.5))
+    with pytest.raises(ValueError, match="plain, auto and a fixed drafting setting"):
+        run_acceptance(walk, modes="plain,auto", allow_cpu=True)
+    assert not list(tmp_path.iterdir())
