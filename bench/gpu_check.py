@@ -307,12 +307,18 @@ def main(argv: list[str] | None = None) -> int:
 
                 result["walk_models"] = write_walk_models(work, args.shapes)
                 write(args.out, result)
+
+                def keep(partial: dict[str, Any]) -> None:
+                    result["acceptance"] = partial
+                    write(args.out, result)
+
                 result["acceptance"] = run_acceptance(
                     result["walk_models"],
                     modes=args.acceptance_modes or ACCEPTANCE_MODES,
                     max_tokens=args.engine_tokens,
                     repeats=args.acceptance_repeats,
                     allow_cpu=args.allow_cpu,
+                    on_pair=keep,
                 )
             elif step == "replay":
                 result["replay"] = run_replay(args, result)

@@ -18,6 +18,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -299,13 +300,15 @@ def run_acceptance(
     n_ctx: int = 4096,
     allow_cpu: bool = False,
     threads: int | None = None,
+    on_pair: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Auto mode held to the best fixed setting live, at chosen acceptance: for each draft of a walk
     pair (:func:`bench.gpu_models.write_walk_models`, right at a known rate per token), the pair
     loaded as the app loads it and ``modes`` interleaved ``repeats`` times, each time in another
     order, in a fresh engine per pair (auto's first reply learns from nothing, the worst case). Per
     acceptance: each mode's tokens/s, the best fixed setting, auto's ratio to it and to plain per
-    repeat, the acceptance speculative decoding measured, and what auto drafted."""
+    repeat, the acceptance speculative decoding measured, and what auto drafted. ``on_pair`` is given
+    the result so far after each pair (a caller stopped at a time limit keeps the pairs measured)."""
     from app.engine import EngineClient
     from app.engine.events import Finished, Step
     from bench.modes import best_fixed, parse_modes
@@ -345,6 +348,8 @@ def run_acceptance(
         finally:
             shutil.rmtree(memory, ignore_errors=True)
         out[q] = _acceptance_summary(speeds, drafted, best_fixed, same)
+        if on_pair is not None:
+            on_pair(out)
     return out
 
 
