@@ -225,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="the acceptance step's modes (default: plain, spec1-4, 6, 8, lookup, auto)",
     )
+    p.add_argument(
+        "--acceptance-trace", action="store_true", help="the acceptance step records every round's decision"
+    )
     p.add_argument("--lossless-pairs", default="", help="tiny pairs to check (default: all six)")
     p.add_argument("--step-timeout", type=float, default=300.0, help="seconds for a backend's cost table")
     p.add_argument("--allow-cpu", action="store_true", help="run the GPU steps without a GPU (tests)")
@@ -319,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
                     repeats=args.acceptance_repeats,
                     allow_cpu=args.allow_cpu,
                     on_pair=keep,
+                    trace=args.acceptance_trace,
                 )
             elif step == "replay":
                 result["replay"] = run_replay(args, result)

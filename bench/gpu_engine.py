@@ -301,14 +301,17 @@ def run_acceptance(
     allow_cpu: bool = False,
     threads: int | None = None,
     on_pair: Callable[[dict[str, Any]], None] | None = None,
+    trace: bool = False,
 ) -> dict[str, Any]:
     """Auto mode held to the best fixed setting live, at chosen acceptance: for each draft of a walk
     pair (:func:`bench.gpu_models.write_walk_models`, right at a known rate per token), the pair
     loaded as the app loads it and ``modes`` interleaved ``repeats`` times, each time in another
     order, in a fresh engine per pair (auto's first reply learns from nothing, the worst case). Per
     acceptance: each mode's tokens/s, the best fixed setting, auto's ratio to it and to plain per
-    repeat, the acceptance speculative decoding measured, and what auto drafted. ``on_pair`` is given
-    the result so far after each pair (a caller stopped at a time limit keeps the pairs measured)."""
+    repeat, the acceptance speculative decoding measured, what auto drafted, the rounds queued and
+    wasted (:mod:`app.engine.overlap`), and the costs auto mode held at the end. With ``trace``, every
+    round of every reply too (:data:`TRACE_FIELDS`). ``on_pair`` is given the result so far after
+    each pair (a caller stopped at a time limit keeps the pairs measured)."""
     from app.engine import EngineClient
     from app.engine.events import Finished, Step
     from bench.modes import best_fixed, parse_modes
@@ -324,6 +327,8 @@ def run_acceptance(
         memory = Path(tempfile.mkdtemp(prefix="tandem-gpu-acceptance-"))
         speeds: dict[str, list[float]] = {m.name: [] for m in chosen}
         drafted: dict[str, list[tuple[int, int, int, int]]] = {m.name: [] for m in chosen}
+        queued: dict[str, list[tuple[int, int]]] = {m.name: [] for m in chosen}
+        traces: dict[str, list[list[list[Any]]]] = {m.name: [] for m in chosen}
         same = True
         try:
             with EngineClient() as client:
@@ -334,23 +339,52 @@ def run_acceptance(
                     for m in chosen[i % len(chosen) :] + chosen[: i % len(chosen)]:
                         fin = None
                         rounds = 0
+                        rows: list[list[Any]] = []
                         for ev in client.generate(prompt=prompt, settings=m.settings(max_tokens)):
                             if isinstance(ev, Step):
                                 rounds += bool(ev.n_drafted)
+                                if trace:
+                                    rows.append(_trace_row(ev))
                             elif isinstance(ev, Finished):
                                 fin = ev
                         assert fin is not None
                         speeds[m.name].append(round(fin.stats.decode_tokens_per_second, 2))
                         st = fin.stats
                         drafted[m.name].append((rounds, st.rounds, st.n_drafted, st.n_accepted))
+                        queued[m.name].append((st.n_queued, st.n_wasted))
+                        if trace:
+                            traces[m.name].append(rows)
                         reference = reference or fin.tokens
                         same = same and fin.tokens == reference
+            costs = auto_costs(memory)
         finally:
             shutil.rmtree(memory, ignore_errors=True)
         out[q] = _acceptance_summary(speeds, drafted, best_fixed, same)
+        out[q]["queued_wasted"] = queued  # per mode and repeat
+        out[q]["auto_costs"] = costs
+        if trace:
+            out[q]["trace"] = traces
         if on_pair is not None:
             on_pair(out)
     return out
+
+
+# a traced round: the decision, what was drafted and accepted, its times (microseconds), what auto
+# expected of it and had measured, and when it began (milliseconds since the reply's first round)
+TRACE_FIELDS = (
+    "action", "k", "drafted", "accepted", "t_draft_us", "t_verify_us", "t_round_us", "t_llama_us",
+    "expected_speedup", "measured_speedup", "acceptance", "began_ms",
+)  # fmt: skip
+
+
+def _trace_row(ev: Any) -> list[Any]:
+    d = ev.decision
+    return [
+        d.action.name, ev.k, ev.n_drafted, ev.n_accepted,
+        *(round(t * 1e6) for t in (ev.t_draft, ev.t_verify, ev.t_round, ev.t_llama)),
+        *(None if x is None else round(x, 4) for x in (d.expected_speedup, d.measured_speedup, d.acceptance)),
+        round(ev.began * 1e3, 3),
+    ]  # fmt: skip
 
 
 def _rate(rows: list[tuple[int, int, int, int]] | None) -> float | None:
