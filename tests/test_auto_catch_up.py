@@ -3,6 +3,7 @@ has not seen, and when finding out is worth that."""
 
 from __future__ import annotations
 
+import pytest
 from auto_doubles import (
     CPU_LIKE,
     EXPENSIVE,
@@ -227,3 +228,50 @@ def test_accepted_draft_tokens_are_not_counted_as_catch_up(tiny_pair) -> None:
         text = [*prompt, *evs[-1].tokens]
         keep = common_prefix(model.seq.tokens, text)
         assert model.pending(text) == max(1, len(text) - keep) <= 2
+
+
+def _probe(auto: AutoDrafter, accepted: int, seconds: float) -> None:
+    """One probe of two tokens, ``accepted`` of them accepted, its round ``seconds`` long."""
+    auto.rounds.probing = True
+    probe = Proposal((5, 6), (None, None), (0.9, 0.9), Source.MODEL, 0.01, n_steps=1, t_steps=0.001)
+    auto.observe(probe, Outcome(Source.MODEL, 2, accepted, 3, 0.01, seconds))
+
+
+def test_probes_are_priced_at_what_they_took_and_their_odds_are_learned() -> None:
+    """On a GPU a probe's catch-up, steps and batch after plain rounds take several plain steps: a
+    probe is priced at what probes really took beyond plain rounds' time for their tokens, and the
+    odds that a probe finds drafting paying are this pair's record (the prior as much as a few
+    probes), so probes that never lead to drafting stop."""
+    costs = SyntheticCosts(base=0.010, slope=0.0002, draft=0.0005)  # drafting would pay a lot
+    auto = AutoDrafter(StaleDraft(20), LookupDrafter(), n_max=6, costs=costs)  # type: ignore[arg-type]
+    auto.rounds.cls = len(MODEL_CLASSES) - 1
+    for _ in range(8):
+        auto.evidence.realized[PLAIN].add(1, 0.010)  # plain rounds: 10 ms a token
+    auto.rounds.since, auto.rest = 10**6, 40
+    assert auto.rounds.probe_due([], costs.draft_step(), 6, auto.rest)
+    assert auto.rounds.odds() == 0.25
+    # the draft is never right where the loop's plans say it could be: each probe is a failure
+    auto.evidence.predicted[Source.MODEL][-1] = Acceptance(6, prior=0.0, weight=1e6)
+    auto.evidence.begin()  # (this reply's estimates follow)
+    for _ in range(3):
+        _probe(auto, 0, 1.010)  # a second for a token plain rounds make in 10 ms
+    assert auto.rounds.probe_loss.value == pytest.approx(1.0)
+    assert auto.rounds.odds() == pytest.approx(1 / 7)
+    auto.evidence.predicted[Source.MODEL][-1] = Acceptance(6, prior=0.97, weight=3.0)
+    auto.evidence.begin()
+    auto.rounds.since = 10**6
+    assert not auto.rounds.probe_due([], costs.draft_step(), 6, auto.rest)  # a second lost for little
+    auto.rest = 10**4
+    assert auto.rounds.probe_due([], costs.draft_step(), 6, auto.rest)  # a long rest still pays for it
+    # what was learned is kept for the pair and machine, its record weighing a bounded number of probes
+    state = auto.rounds.state()
+    again = AutoDrafter(StaleDraft(20), LookupDrafter(), n_max=6, costs=costs)  # type: ignore[arg-type]
+    again.rounds.restore(state)
+    assert again.rounds.odds() == pytest.approx(1 / 7)
+    assert again.rounds.probe_loss.value == pytest.approx(1.0)
+    again.rounds.restore({"probes": [0, 400], "probe_loss": -1.0})
+    assert again.rounds.probes == [0.0, 16.0]
+    for bad in ({"probes": [5, 2]}, {"probes": "x"}, {"probes": [1, 2, 3]}, {"probe_loss": 1e9}):
+        fresh = AutoDrafter(StaleDraft(20), LookupDrafter(), n_max=6, costs=costs)  # type: ignore[arg-type]
+        fresh.rounds.restore(bad)
+        assert fresh.rounds.probes == [0.0, 0.0] and fresh.rounds.probe_loss.n == 0

@@ -137,6 +137,45 @@ def test_a_reply_that_ends_with_a_token_queued_leaves_the_memory_exact(pair, end
     same_or_tie(pair, prompt, plain.tokens, again.tokens)
 
 
+class ConfidenceLookup(LookupDrafter):
+    """Prompt lookup that asks for the target's confidence in each round's last tokens, as auto mode
+    does, and records what the loop reports."""
+
+    wants_target_confidence = 3
+    target_confidence_floor = 0.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[float, ...]] = []
+
+    def observe(self, proposal, outcome) -> None:  # type: ignore[no-untyped-def]
+        self.seen.append(outcome.confidence)
+        super().observe(proposal, outcome)
+
+
+def test_a_queued_round_reports_the_same_confidence_of_the_target(pair) -> None:
+    """Where the next token is queued, the target's confidence is read from a copy of its rows after
+    the queue (the GPU evaluates while the softmax runs): the drafter is told what it is told
+    without queuing, round for round."""
+    target, cache, _ = pair
+    prompt = target.tokenize(PROMPTS[1], add_special=True, parse_special=False)
+    seen = []
+    for overlap in (None, Overlap(always=True)):
+        drafter = ConfidenceLookup()
+        *_, fin = generate(
+            cache, drafter, FixedPolicy(8), prompt, SamplingParams(), piece=target.piece,
+            is_eog=target.is_eog, max_tokens=40, overlap=overlap,
+        )  # fmt: skip
+        assert isinstance(fin, Finished)
+        seen.append((fin.tokens, drafter.seen, fin.stats.n_queued))
+    (tokens, plain, _), (queued_tokens, queued, n_queued) = seen
+    assert n_queued > 0 and queued_tokens == tokens
+    assert [len(c) for c in queued] == [len(c) for c in plain]
+    for a, b in zip(plain, queued, strict=True):
+        assert b == pytest.approx(a, abs=1e-5)
+        assert all(0.0 < x <= 1.0 for x in a)
+
+
 def odds(overlap: Overlap, drafted: Callable[[int], bool], n: int) -> None:
     last = None
     for i in range(n):

@@ -227,33 +227,38 @@ def generate(
             drafted_last = bool(proposal.tokens)
             new, from_draft = verify(target.ctx.logits, tokens, proposal, params, rng, grammar)
             n_accepted = sum(from_draft)
-            sure: tuple[float, ...] = ()
-            if drafter is not None:
-                # how sure the target was of the last tokens it added (row j chose new[j]), read
-                # before the rollback, which may evaluate tokens again
-                want = drafter.wants_target_confidence
-                last = new[-want:] if want else []
-                sure = tuple(
-                    sampling.top_probability(target.ctx.logits(j), drafter.target_confidence_floor)
-                    for j in range(len(new) - len(last), len(new))
-                )
-            t2 = time.perf_counter()
-            target.rollback(n + n_accepted)  # keep through the last accepted draft token
-            t_rollback = time.perf_counter() - t2  # a restore and replay is part of verifying
-            t_llama_verify += t_rollback
-            t_blocked += t_rollback
-            t_reads = time.perf_counter()
-            if (
+            queue_next = (
                 overlap is not None
                 and not any(is_eog(t) for t in new)
                 and len(tokens) + len(new) - n_prompt < max_tokens
                 and len(tokens) + len(new) < n_ctx
                 and not (grammar is not None and grammar.done)
                 and overlap.should_queue(drafted_last, drafter is not None)
-            ):
+            )
+            # how sure the target was of the last tokens it added (row j chose new[j]), read before
+            # the rollback, which may evaluate tokens again; where the next token is queued, the rows
+            # are copied and their softmax waits until the GPU has the next step in hand
+            sure: tuple[float, ...] = ()
+            rows: list[np.ndarray] = []
+            if drafter is not None and drafter.wants_target_confidence:
+                floor = drafter.target_confidence_floor
+                last = range(max(0, len(new) - drafter.wants_target_confidence), len(new))
+                if queue_next:
+                    rows = [np.array(target.ctx.logits(j), dtype=np.float32) for j in last]
+                else:
+                    sure = tuple(sampling.top_probability(target.ctx.logits(j), floor) for j in last)
+            t2 = time.perf_counter()
+            target.rollback(n + n_accepted)  # keep through the last accepted draft token
+            t_rollback = time.perf_counter() - t2  # a restore and replay is part of verifying
+            t_llama_verify += t_rollback
+            t_blocked += t_rollback
+            t_reads = time.perf_counter()
+            if queue_next:
                 target.queue(new[-1])  # the next round's pending token, evaluated while it is planned
                 queued = time.perf_counter()
                 stats.n_queued += 1
+            if rows:
+                sure = tuple(sampling.top_probability(r, floor) for r in rows)
             policy.observe(len(proposal.tokens), n_accepted)
             if drafter is not None:
                 drafter.observe(

@@ -24,7 +24,7 @@ import numpy as np
 
 from app.engine.auto.acceptance import ALWAYS, Acceptance, Upper, model_class
 from app.engine.auto.costs import CostModel, Window
-from app.engine.auto.evidence import Evidence, Kind
+from app.engine.auto.evidence import PLAIN, Evidence, Kind
 from app.engine.auto.planner import Plan, best_length, continue_rule
 from app.engine.auto.priors import (
     CONFIDENCE_FLOOR,
@@ -34,6 +34,8 @@ from app.engine.auto.priors import (
     MODEL_CLASSES,
     PROBE_HOPE,
     PROBE_K,
+    PROBE_MEMORY,
+    PROBE_PRIOR_WEIGHT,
     SERVED_RUNS,
     SYNC_SHARE,
     TOKENS_PER_ROUND,
@@ -87,10 +89,17 @@ class ModelRounds:
         # rounds delivered beats plain rounds.
         self.trying = False
         # A probe makes the draft catch up with everything it has not seen. It is worth it only when
-        # drafting could pay at all (even at an ``optimistic`` acceptance rate), and when the catch-up
-        # costs less than what finding out could gain over the rest of this reply, discounted by the
-        # ``probe_odds`` that drafting turns out to pay.
+        # drafting could pay at all (even at an ``optimistic`` acceptance rate), and when what it
+        # costs is less than what finding out could gain over the rest of this reply, discounted by
+        # the odds that drafting turns out to pay: learned from this pair's probes on this machine
+        # (how many of them made drafting pay again), ``probe_odds`` before any, weighing as much as
+        # PROBE_PRIOR_WEIGHT probes. What a probe costs is what its round took beyond what plain
+        # rounds would have taken for its tokens, once probes have been timed: on a GPU the draft's
+        # catch-up, its steps and a batch after plain rounds cost several times what the same steps
+        # cost in a run of drafted rounds.
         self.probe_odds = probe_odds
+        self.probes = [0.0, 0.0]  # probes that made drafting pay again, probes
+        self.probe_loss = Window(7)  # seconds a probe round took beyond plain rounds' time for its tokens
         self._optimistic = Acceptance(n_max, prior=optimistic, weight=1e12)
         self.sync_cost = Window(15)  # the draft's seconds per token when catching up
         # A model round takes longer than its parts timed alone (the two models evict each other's
@@ -345,8 +354,11 @@ class ModelRounds:
         low = self.low_costs()
         draft_cost = low.draft_step() or draft_cost
         hope = self._probe_optimism()
-        key = ("probe", hope.prior, draft_cost, limit, self.margin)
-        best = _memo(low, key, lambda: best_length(hope, low, draft_cost, limit, self.margin))
+        # what real rounds would deliver if the class turned out that good: planned, as they would
+        # be, with what model rounds have really taken over their parts
+        scale = self.overrun()
+        key = ("probe", hope.prior, draft_cost, limit, self.margin, scale)
+        best = _memo(low, key, lambda: best_length(hope, low, draft_cost, limit, self.margin, scale=scale))
         if best.k == 0 or best.plain_rate <= 0:
             return False  # the draft model cannot pay here even if this class turns out much better
         catch_up = self.model.pending(tokens) * self.sync_per_token(draft_cost)
@@ -358,9 +370,18 @@ class ModelRounds:
             expected += reach
         verify = low.verify(k + 1)
         own = (k * draft_cost + (verify or 0.0)) * min(1.0, self.overrun()) - expected / best.plain_rate
+        price = catch_up + max(0.0, own)
+        if self.probe_loss.n:
+            price = max(price, self.probe_loss.value)
         rest_of_reply = rest / best.plain_rate  # seconds, decoding plainly
-        gain = self.probe_odds * (best.rate / best.plain_rate - 1) * rest_of_reply
-        return catch_up + max(0.0, own) <= gain
+        gain = self.odds() * (best.rate / best.plain_rate - 1) * rest_of_reply
+        return price <= gain
+
+    def odds(self) -> float:
+        """The odds that a probe finds drafting paying again: this pair's record on this machine, the
+        ``probe_odds`` prior weighing as much as PROBE_PRIOR_WEIGHT probes."""
+        paid, tried = self.probes
+        return (paid + self.probe_odds * PROBE_PRIOR_WEIGHT) / (tried + PROBE_PRIOR_WEIGHT)
 
     def observe(self, proposal: Proposal, outcome: Outcome, seconds: float, charged: float) -> None:
         """Learn from a round this model drafted (``seconds``: the round's time with its catch-up
@@ -385,8 +406,15 @@ class ModelRounds:
             acc.observe(outcome.n_drafted, outcome.n_accepted, proposal.confidence)
         self.evidence.estimate(self.source, self.cls).observe(outcome.n_drafted, outcome.n_accepted)
         if self.probing:
+            plain = self.evidence.realized[PLAIN]
+            v1 = self.costs.verify(1)
+            per_token = 1.0 / plain.rate() if plain.n >= 3 and plain.rate() > 0 else v1
+            if per_token:
+                self.probe_loss.add(outcome.t_round - (outcome.n_accepted + 1) * per_token)
             acc = self.evidence.estimate(self.source, self.cls)
             plan = best_length(acc, self.costs, self.costs.draft_step() or 0.0, self.n_max, self.margin)
+            self.probes[0] += bool(plan.k)
+            self.probes[1] += 1
             if plan.k:  # drafting pays again: judge the next real rounds afresh
                 self._probe_interval = self.probe_every
                 self.evidence.realized[self.kind()].rounds.clear()
@@ -396,14 +424,33 @@ class ModelRounds:
                 self._probe_interval = min(self.probe_max, self._probe_interval * 2)
 
     def state(self) -> dict[str, Any]:
-        """What model rounds really took over their prediction, for the memory file."""
-        return {"overrun": round(self.overrun_window.value, 4) if self.overrun_window.n else None}
+        """What model rounds really took over their prediction, and the probes' record and price,
+        for the memory file."""
+        return {
+            "overrun": round(self.overrun_window.value, 4) if self.overrun_window.n else None,
+            "probes": [round(x, 3) for x in self.probes],
+            "probe_loss": round(self.probe_loss.value, 6) if self.probe_loss.n else None,
+        }
 
     def restore(self, state: dict[str, Any]) -> None:
         value = state.get("overrun")
         if isinstance(value, (int, float)) and 0.5 <= value <= 4.0:
             for _ in range(2):
                 self.overrun_window.add(float(value))
+        probes = state.get("probes")
+        if (
+            isinstance(probes, list)
+            and len(probes) == 2
+            and all(isinstance(x, (int, float)) and 0 <= x < 1e9 for x in probes)
+            and probes[0] <= probes[1]
+        ):
+            # what earlier sessions found weighs as much as PROBE_MEMORY probes, so the odds still move
+            scale = min(1.0, PROBE_MEMORY / probes[1]) if probes[1] else 1.0
+            self.probes = [float(probes[0]) * scale, float(probes[1]) * scale]
+        loss = state.get("probe_loss")
+        if isinstance(loss, (int, float)) and 0.0 <= loss < 60.0:
+            for _ in range(2):
+                self.probe_loss.add(float(loss))
 
 
 def _memo(costs: CostModel, key: tuple[Any, ...], plan: Callable[[], Plan]) -> Plan:

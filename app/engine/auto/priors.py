@@ -43,6 +43,11 @@ EXPLORE_SAMPLES = 3
 BORROW_TRIALS = 2
 PROBE_HOPE = 0.5  # a probe hopes for its class's acceptance this far on the way to 1
 PROBE_K = 2  # a probe drafts this many tokens at most; its own round is part of its price
+# The odds that a probe finds drafting paying again are learned per pair and machine; the prior
+# (AutoDrafter's ``probe_odds``) weighs as much as this many probes, and what earlier sessions found
+# as much as PROBE_MEMORY probes at most.
+PROBE_PRIOR_WEIGHT = 4.0
+PROBE_MEMORY = 16.0
 # Prompt lookup's drafts cost nothing to make: their length is bounded by what verifying them costs.
 LOOKUP_MAX = 63
 # The first draft of a class of copy in a reply copies at most this many tokens: a long draft failing
