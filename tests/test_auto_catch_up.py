@@ -275,3 +275,25 @@ def test_probes_are_priced_at_what_they_took_and_their_odds_are_learned() -> Non
         fresh = AutoDrafter(StaleDraft(20), LookupDrafter(), n_max=6, costs=costs)  # type: ignore[arg-type]
         fresh.rounds.restore(bad)
         assert fresh.rounds.probes == [0.0, 0.0] and fresh.rounds.probe_loss.n == 0
+
+
+def test_a_probe_that_starts_drafted_rounds_is_judged_by_what_they_delivered() -> None:
+    """A probe after which the plan drafts again found drafting paying only if the rounds it started
+    delivered more tokens/s than plain rounds: on a GPU a right probe can restart rounds that then
+    lose, and counting it as a find kept the probes coming."""
+    costs = SyntheticCosts(base=0.010, slope=0.0002, draft=0.0005)
+    auto = AutoDrafter(StaleDraft(20), LookupDrafter(), n_max=6, costs=costs)  # type: ignore[arg-type]
+    auto.rounds.cls = len(MODEL_CLASSES) - 1
+    kind = auto.rounds.kind()
+    for plain_seconds, found in ((0.002, False), (0.050, True)):
+        for _ in range(3):
+            auto.evidence.realized[PLAIN].add(1, plain_seconds)
+        _probe(auto, 2, 0.030)  # right in full: the plan drafts again
+        assert auto.rounds._after_probe == kind
+        for _ in range(3):
+            auto.evidence.realized[kind].add(3, 0.030)  # 100 tokens/s against plain's 500, or 20
+        auto.rounds.begin()  # the reply ended: the rounds are judged
+        assert auto.rounds._after_probe is None
+        assert auto.rounds.probes == ([0.0, 1.0] if not found else [1.0, 2.0])
+        auto.evidence.realized[PLAIN].rounds.clear()
+    assert auto.rounds.odds() == pytest.approx(2 / 6)

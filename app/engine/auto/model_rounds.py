@@ -99,6 +99,7 @@ class ModelRounds:
         # cost in a run of drafted rounds.
         self.probe_odds = probe_odds
         self.probes = [0.0, 0.0]  # probes that made drafting pay again, probes
+        self._after_probe: Kind | None = None  # the kind of the rounds a probe started, until judged
         self.probe_loss = Window(7)  # seconds a probe round took beyond plain rounds' time for its tokens
         self._optimistic = Acceptance(n_max, prior=optimistic, weight=1e12)
         self.sync_cost = Window(15)  # the draft's seconds per token when catching up
@@ -112,6 +113,7 @@ class ModelRounds:
 
     def begin(self) -> None:
         """A new reply: the model is judged afresh (its losing guard and its probe interval)."""
+        self._judge_probe()
         self._class_share = [1 / len(MODEL_CLASSES)] * len(MODEL_CLASSES)
         for n in self._runs:
             self._served.add(n)
@@ -172,6 +174,7 @@ class ModelRounds:
             plan = Plan(min(2, limit), 0.0, 0.0)
             decision = Decision(Action.MEASURE, Policy.AUTO, self.source, k=plan.k)
         elif self.cannot_pay(d, limit):
+            self._judge_probe()
             return Action.PAUSED
         else:
             catch_up = self.catch_up(tokens, d, rest, copy_share)
@@ -200,6 +203,7 @@ class ModelRounds:
                     plan = hope
                     decision = replace(decision, expected_speedup=hope.rate / hope.plain_rate)
             if plan.k == 0:
+                self._judge_probe()
                 if not self.probe_due(tokens, d, limit, rest):
                     return Action.PAUSED
                 plan = Plan(min(PROBE_K, limit), 0.0, plan.plain_rate)
@@ -377,6 +381,16 @@ class ModelRounds:
         gain = self.odds() * (best.rate / best.plain_rate - 1) * rest_of_reply
         return price <= gain
 
+    def _judge_probe(self) -> None:
+        """The rounds a probe started have ended (the draft pauses, or the reply ended): the probe
+        found drafting paying if they delivered more tokens/s than plain rounds."""
+        if self._after_probe is None:
+            return
+        measured = self.evidence.measured(self._after_probe)
+        self.probes[0] += measured is not None and measured > 1.0
+        self.probes[1] += 1
+        self._after_probe = None
+
     def odds(self) -> float:
         """The odds that a probe finds drafting paying again: this pair's record on this machine, the
         ``probe_odds`` prior weighing as much as PROBE_PRIOR_WEIGHT probes."""
@@ -413,8 +427,11 @@ class ModelRounds:
                 self.probe_loss.add(outcome.t_round - (outcome.n_accepted + 1) * per_token)
             acc = self.evidence.estimate(self.source, self.cls)
             plan = best_length(acc, self.costs, self.costs.draft_step() or 0.0, self.n_max, self.margin)
-            self.probes[0] += bool(plan.k)
-            self.probes[1] += 1
+            if plan.k:  # judged by what the rounds it starts deliver
+                self._judge_probe()
+                self._after_probe = self.kind()
+            else:
+                self.probes[1] += 1
             if plan.k:  # drafting pays again: judge the next real rounds afresh
                 self._probe_interval = self.probe_every
                 self.evidence.realized[self.kind()].rounds.clear()
