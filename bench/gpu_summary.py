@@ -135,8 +135,9 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
 
 def _acceptance_lines(a: dict[str, Any]) -> list[str]:
     """Per acceptance: the best fixed setting over plain, auto over plain and over the best (medians
-    and ranges over the repeats), what speculative decoding accepted, and whether every mode wrote
-    plain's tokens."""
+    and ranges over the repeats), what speculative decoding accepted, whether every mode wrote
+    plain's tokens, and per repeat the rounds auto drafted (probes among them) and the rounds it
+    queued and wasted."""
     head = f"acceptance (auto against the fixed settings live, {a['max_tokens']} tokens,"
     head += f" {a['repeats']} repeats):"
     lines = [head]
@@ -151,4 +152,12 @@ def _acceptance_lines(a: dict[str, Any]) -> list[str]:
                 f" {x['best_fixed']} {x['best_over_plain']:.3f}x plain; auto {spread(x['auto_over_plain'])}x"
                 f" plain, {spread(x['auto_over_best'])} of the best; same as plain: {x['same_as_plain']}"
             )
+            rounds = [f"{r[0]}/{r[1]}" for r in x["rounds_drafted"]["auto"]]
+            line = f"    auto per repeat: rounds drafted {', '.join(rounds)}"
+            if "queued_wasted" in x:
+                line += f"; queued, wasted {', '.join(f'{q}/{w}' for q, w in x['queued_wasted']['auto'])}"
+            probes = [sum(r[0] == "PROBE" for r in rows) for rows in (x.get("trace") or {}).get("auto", [])]
+            if probes:
+                line += f"; probes {', '.join(map(str, probes))}"
+            lines.append(line)
     return lines

@@ -12,7 +12,7 @@ from app.engine import GenerationSettings, LoadSettings
 from app.engine.engine import Engine
 from app.engine.events import Finished
 from bench import gpu_check
-from bench.gpu_engine import run_acceptance
+from bench.gpu_engine import TRACE_FIELDS, run_acceptance
 from bench.gpu_models import TINY_TARGET_SHAPE, walk_next, write_walk_models
 
 PROMPT = [5, 17, 99, 300]
@@ -57,19 +57,29 @@ def test_the_target_writes_the_walk_and_each_draft_is_right_at_its_rate(walk: di
 
 
 def test_acceptance_step_holds_auto_to_the_fixed_settings(walk: dict, tmp_path: Path) -> None:
+    seen: list[list[str]] = []
     a = run_acceptance(
-        walk, modes="plain,spec2,auto", max_tokens=24, repeats=2, n_ctx=512, allow_cpu=True, threads=1
-    )
+        walk, modes="plain,spec2,auto", max_tokens=24, repeats=2, n_ctx=512, allow_cpu=True, threads=1,
+        trace=True, on_pair=lambda partial: seen.append([q for q in partial if q in ("1.0", "0.5")]),
+    )  # fmt: skip
+    assert seen == [["1.0"], ["1.0", "0.5"]]  # each pair's result as it ends
     for q in ("1.0", "0.5"):
         x = a[q]
         assert x["same_as_plain"]
+        assert x["queued_wasted"]["plain"] == [(0, 0), (0, 0)]  # a CPU queues nothing
+        assert x["auto_costs"] and x["auto_costs"]["ratios"]
+        traced = x["trace"]["spec2"]
+        assert len(traced) == 2 and all(len(row) == len(TRACE_FIELDS) for rows in traced for row in rows)
+        assert sum(len(rows) for rows in traced) == sum(r[1] for r in x["rounds_drafted"]["spec2"])
         assert [len(v) for v in x["tokens_per_second"].values()] == [2, 2, 2]
         assert x["best_fixed"] in ("plain", "spec2") and len(x["auto_over_best"]) == 2
         assert [rounds for rounds, *_ in x["rounds_drafted"]["spec2"]] and x["spec1_acceptance"] is None
     lines = gpu_check.summary_lines({"acceptance": a})
     at = next(i for i, line in enumerate(lines) if line.startswith("acceptance"))
-    assert "draft right 100% per token" in lines[at + 1] and "draft right 50% per token" in lines[at + 2]
-    assert "of the best" in lines[at + 2] and "same as plain: True" in lines[at + 2]
+    assert "draft right 100% per token" in lines[at + 1] and "draft right 50% per token" in lines[at + 3]
+    assert "of the best" in lines[at + 3] and "same as plain: True" in lines[at + 3]
+    for i in (at + 2, at + 4):  # each acceptance's line is followed by what auto did per repeat
+        assert lines[i].strip().startswith("auto per repeat: rounds drafted") and "probes" in lines[i]
 
 
 def test_bad_settings_are_refused_before_anything_is_written_or_loaded(tmp_path: Path, walk: dict) -> None:
