@@ -70,6 +70,17 @@ def auto_costs(folder: Path) -> dict[str, Any] | None:
     return None
 
 
+def auto_learned(folder: Path) -> dict[str, Any] | None:
+    """What auto mode learned of its model rounds when the engine closed (their overrun, the probes'
+    record and price), as it saves them for the next session."""
+    for path in sorted(folder.glob("auto-*.json")):
+        state = json.loads(path.read_text(encoding="utf-8")).get("state") or {}
+        model = (state.get("auto") or {}).get("model")
+        if isinstance(model, dict):
+            return model
+    return None
+
+
 def predicted_round_ms(table: dict[str, Any], k: int) -> float | None:
     """A fully accepted round of k drafted tokens with the target as its own draft, from the table:
     the draft's catch-up batch of 2, k-1 draft steps, and the verify batch of k+1 (None: past it)."""
@@ -356,12 +367,13 @@ def run_acceptance(
                             traces[m.name].append(rows)
                         reference = reference or fin.tokens
                         same = same and fin.tokens == reference
-            costs = auto_costs(memory)
+            costs, learned = auto_costs(memory), auto_learned(memory)
         finally:
             shutil.rmtree(memory, ignore_errors=True)
         out[q] = _acceptance_summary(speeds, drafted, best_fixed, same)
         out[q]["queued_wasted"] = queued  # per mode and repeat
         out[q]["auto_costs"] = costs
+        out[q]["auto_learned"] = learned
         if trace:
             out[q]["trace"] = traces
         if on_pair is not None:

@@ -159,5 +159,13 @@ def _acceptance_lines(a: dict[str, Any]) -> list[str]:
             probes = [sum(r[0] == "PROBE" for r in rows) for rows in (x.get("trace") or {}).get("auto", [])]
             if probes:
                 line += f"; probes {', '.join(map(str, probes))}"
+            learned = x.get("auto_learned") or {}
+            if learned.get("probes"):
+                paid, tried = learned["probes"]
+                loss = learned.get("probe_loss")
+                line += f"; probes that found drafting paying {paid:g} of {tried:g}"
+                line += f", a probe's price {loss * 1e3:.1f} ms" if loss is not None else ""
+            if learned.get("overrun") is not None:
+                line += f", model rounds' overrun {learned['overrun']:.2f}"
             lines.append(line)
     return lines
