@@ -427,18 +427,17 @@ class ModelRounds:
                 self.probe_loss.add(outcome.t_round - (outcome.n_accepted + 1) * per_token)
             acc = self.evidence.estimate(self.source, self.cls)
             plan = best_length(acc, self.costs, self.costs.draft_step() or 0.0, self.n_max, self.margin)
-            if plan.k:  # judged by what the rounds it starts deliver
-                self._judge_probe()
-                self._after_probe = self.kind()
-            else:
-                self.probes[1] += 1
-            if plan.k:  # drafting pays again: judge the next real rounds afresh
+            if plan.k:  # drafting pays again: judge the next real rounds afresh, and the probe by them
+                self._judge_probe()  # (an earlier probe's rounds, before they are forgotten)
                 self._probe_interval = self.probe_every
                 self.evidence.realized[self.kind()].rounds.clear()
-            elif outcome.n_accepted >= outcome.n_drafted:  # right, but not enough yet: probe on
-                self._probe_interval = self.probe_every
-            else:
-                self._probe_interval = min(self.probe_max, self._probe_interval * 2)
+                self._after_probe = self.kind()
+            else:  # a probe that found nothing
+                self.probes[1] += 1
+                if outcome.n_accepted >= outcome.n_drafted:  # right, but not enough yet: probe on
+                    self._probe_interval = self.probe_every
+                else:
+                    self._probe_interval = min(self.probe_max, self._probe_interval * 2)
 
     def state(self) -> dict[str, Any]:
         """What model rounds really took over their prediction, and the probes' record and price,
