@@ -80,13 +80,18 @@ def test_a_second_session_starts_where_the_first_ended(tiny_pair, tmp_path) -> N
     with Engine(load) as eng:
         ids = eng.tokenize("def add(a, b):\n    return a + b\n\ndef add(a, b):")
         eng.run(ids, GenerationSettings(mode="auto", max_tokens=24))
-        learned = eng._drafter(GenerationSettings(mode="auto")).state()
+        first = eng._drafter(GenerationSettings(mode="auto"))
+        assert first.rounds is not None
+        first.rounds.probes = [1.0, 3.0]  # as if three probes had been made, one finding drafting paying
+        first.rounds.probe_loss.add(0.02)
+        learned = first.state()
         ratios = eng.costs.state()["ratios"]
     files = list(tmp_path.glob("auto-*.json"))
     assert len(files) == 1
     with Engine(load) as eng:
         auto = eng._drafter(GenerationSettings(mode="auto"))
         assert auto.state()["evidence"] == learned["evidence"]  # before any reply
+        assert auto.state()["model"] == learned["model"]  # overrun, the probes' record and price
         assert set(eng.costs.state()["ratios"]) == set(ratios)
         eng.run(ids, GenerationSettings(mode="auto", max_tokens=24))
         auto.evidence.predicted[Source.MODEL][0].observe(3, 2, ())  # this session learns on...
