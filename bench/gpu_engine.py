@@ -60,25 +60,27 @@ def check_engine_on_gpu(
     return found
 
 
+def _saved_state(folder: Path) -> dict[str, Any]:
+    """What auto mode saved in ``folder`` when the engine closed (:class:`~app.engine.auto.AutoMemory`)."""
+    for path in sorted(folder.glob("auto-*.json")):
+        state = json.loads(path.read_text(encoding="utf-8")).get("state")
+        if isinstance(state, dict):
+            return state
+    return {}
+
+
 def auto_costs(folder: Path) -> dict[str, Any] | None:
     """The costs auto mode held when the engine closed (timed at load, then by every round), in decode
     steps per batch size, as it saves them for the next session (:class:`~app.engine.auto.AutoMemory`)."""
-    for path in sorted(folder.glob("auto-*.json")):
-        state = json.loads(path.read_text(encoding="utf-8")).get("state") or {}
-        if isinstance(state.get("costs"), dict):
-            return state["costs"]
-    return None
+    costs = _saved_state(folder).get("costs")
+    return costs if isinstance(costs, dict) else None
 
 
 def auto_learned(folder: Path) -> dict[str, Any] | None:
     """What auto mode learned of its model rounds when the engine closed (their overrun, the probes'
     record and price), as it saves them for the next session."""
-    for path in sorted(folder.glob("auto-*.json")):
-        state = json.loads(path.read_text(encoding="utf-8")).get("state") or {}
-        model = (state.get("auto") or {}).get("model")
-        if isinstance(model, dict):
-            return model
-    return None
+    model = (_saved_state(folder).get("auto") or {}).get("model")
+    return model if isinstance(model, dict) else None
 
 
 def predicted_round_ms(table: dict[str, Any], k: int) -> float | None:
@@ -364,6 +366,9 @@ def run_acceptance(
                         drafted[m.name].append((rounds, st.rounds, st.n_drafted, st.n_accepted))
                         queued[m.name].append((st.n_queued, st.n_wasted))
                         if trace:
+                            first = rows[0][-1] if rows else 0.0
+                            for row in rows:  # began: milliseconds since the reply's first round
+                                row[-1] = round(row[-1] - first, 3)
                             traces[m.name].append(rows)
                         reference = reference or fin.tokens
                         same = same and fin.tokens == reference

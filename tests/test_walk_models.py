@@ -72,6 +72,8 @@ def test_acceptance_step_holds_auto_to_the_fixed_settings(walk: dict, tmp_path: 
         traced = x["trace"]["spec2"]
         assert len(traced) == 2 and all(len(row) == len(TRACE_FIELDS) for rows in traced for row in rows)
         assert sum(len(rows) for rows in traced) == sum(r[1] for r in x["rounds_drafted"]["spec2"])
+        began = [row[TRACE_FIELDS.index("began_ms")] for row in traced[0]]
+        assert began[0] == 0.0 and began == sorted(began)
         assert [len(v) for v in x["tokens_per_second"].values()] == [2, 2, 2]
         assert x["best_fixed"] in ("plain", "spec2") and len(x["auto_over_best"]) == 2
         assert [rounds for rounds, *_ in x["rounds_drafted"]["spec2"]] and x["spec1_acceptance"] is None
