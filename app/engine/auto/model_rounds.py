@@ -450,9 +450,9 @@ class ModelRounds:
 
     def restore(self, state: dict[str, Any]) -> None:
         value = state.get("overrun")
-        if isinstance(value, (int, float)) and 0.5 <= value <= 4.0:
+        if isinstance(value, (int, float)) and 0.0 < value < 1e6:  # a busy machine's 6x is kept as 4x
             for _ in range(2):
-                self.overrun_window.add(float(value))
+                self.overrun_window.add(min(4.0, max(0.5, float(value))))
         probes = state.get("probes")
         if (
             isinstance(probes, list)
