@@ -347,6 +347,7 @@ def run_acceptance(
             with EngineClient() as client:
                 settings = _load(walk["target"]["path"], draft["path"], n_ctx, threads, allow_cpu, memory)
                 _load_pair(client, settings, prompt, allow_cpu)
+                loaded = client.info().engine.auto_costs  # as timed at load (and by 16 plain tokens)
                 reference = None
                 for i in range(repeats):
                     for m in chosen[i % len(chosen) :] + chosen[: i % len(chosen)]:
@@ -377,6 +378,7 @@ def run_acceptance(
             shutil.rmtree(memory, ignore_errors=True)
         out[q] = _acceptance_summary(speeds, drafted, best_fixed, same)
         out[q]["queued_wasted"] = queued  # per mode and repeat
+        out[q]["loaded_costs"] = loaded
         out[q]["auto_costs"] = costs
         out[q]["auto_learned"] = learned
         if trace:

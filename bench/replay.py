@@ -85,6 +85,12 @@ class TableCosts:
     def observe_draft(self, n_tokens: int, seconds: float) -> None:
         pass
 
+    def switch(self, drafted_last: bool | None, drafts: bool) -> tuple[float, float]:
+        """Steps a round pays beyond its batches' costs for what the round before it was
+        (``drafted_last``; None: the reply's first round): in the target's batch, and elsewhere in
+        the round. Nothing here (see ``bench.replay_walk.LiveCosts``)."""
+        return 0.0, 0.0
+
 
 @dataclass(frozen=True)
 class Reply:
@@ -199,15 +205,18 @@ def _replay(
     for r in replies:
         begin(r)
         pos, cost = 0, 0.0
+        drafted_last: bool | None = None
         while pos < len(r.tokens):
             room = max_tokens - pos - 1
             prop = propose([*r.prompt, *r.tokens[:pos]], room) if room > 0 else EMPTY
             a = accepted(prop.tokens, r.tokens, pos)
             batch = 1 + len(prop.tokens)
-            verify = costs.verify(batch)
+            in_batch, elsewhere = costs.switch(drafted_last, bool(prop.tokens))
+            drafted_last = bool(prop.tokens)
+            verify = costs.verify(batch) + STEP * in_batch
             drafting = prop.t_sync + prop.t_steps + (len(prop.tokens) - prop.copied) * STEP * DRAFT_PYTHON
             # a draft cut to nothing before verifying (see ModelRounds._worth_verifying) was still made
-            seconds = verify + (drafting if prop.source is Source.MODEL else 0.0)
+            seconds = verify + (drafting if prop.source is Source.MODEL else 0.0) + STEP * elsewhere
             new = a + 1
             if observe is not None:
                 sure = tuple(r.confidence[max(pos, pos + new - CONFIDENCE_WINDOW) : pos + new])

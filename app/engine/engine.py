@@ -410,6 +410,7 @@ class Engine:
             draft=draft,
             gpu_offload=supports_gpu_offload(),
             offload_note=self.plan.reason,
+            auto_costs=self.costs.state() if isinstance(self.costs, MeasuredCosts) else None,
         )
 
     # -- the drafting history ----------------------------------------------------------------------

@@ -83,6 +83,9 @@ class EngineInfo:
     draft: ModelInfo | None = None
     gpu_offload: bool = False  # this llama.cpp build can offload to a GPU
     offload_note: str = ""  # why auto offload left a model on the CPU (no GPU, a software renderer, ...)
+    # what auto mode's cost model holds now: each batch size's cost in decode steps ("ratios") and the
+    # draft's step ("draft"), timed at load and by every round since (None: no such model)
+    auto_costs: dict[str, Any] | None = None
 
     def placement(self) -> str:
         """Where each model runs, in one line (for the CLI, the self-test and the status bar)."""
