@@ -175,7 +175,7 @@ def replay_record(record: dict[str, Any], **live: float) -> dict[str, dict[str, 
     alone = check_table(record)
     out: dict[str, dict[str, Any]] = {}
     for q, pair in acc.items():
-        if not isinstance(pair, dict) or not pair.get("auto_costs"):
+        if not isinstance(pair, dict) or "tokens_per_second" not in pair:
             continue
         costs = LiveCosts(*alone, **live)
         loaded = loaded_costs(TableCosts(*alone), pair.get("loaded_costs"))
@@ -186,7 +186,7 @@ def replay_record(record: dict[str, Any], **live: float) -> dict[str, dict[str, 
         out[q] = {
             "live": {
                 "spec1": [round(x / plain, 3) for x in tps.get("spec1", [])],
-                "costs": pair["auto_costs"],
+                "costs": pair.get("auto_costs"),
                 "auto": pair["auto_over_plain"],
                 "auto_drafted": [r[0] for r in pair["rounds_drafted"]["auto"]],
             },
