@@ -167,5 +167,7 @@ def _acceptance_lines(a: dict[str, Any]) -> list[str]:
                 line += f", a probe's price {loss * 1e3:.1f} ms" if loss is not None else ""
             if learned.get("overrun") is not None:
                 line += f", model rounds' overrun {learned['overrun']:.2f}"
+            if learned.get("overrun_low") is not None:
+                line += f" ({learned['overrun_low']:.2f} at least over the lowest costs)"
             lines.append(line)
     return lines

@@ -86,6 +86,8 @@ def test_auto_probes_a_paused_draft_in_a_long_reply(tiny_pair) -> None:
     probes = [s for s in st if s.decision.action is Action.PROBE]
     assert any(s.decision.action is Action.PAUSED for s in st)
     assert probes and all(s.n_drafted <= 2 for s in probes)
+    # each says what finding the draft that good would deliver: the gain it probes for
+    assert all(s.decision.expected_speedup > 1.0 and 0.0 < s.decision.acceptance <= 1.0 for s in probes)
 
 
 @pytest.mark.parametrize("which", ["cheap", "expensive", "measured"])

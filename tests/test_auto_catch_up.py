@@ -297,3 +297,41 @@ def test_a_probe_that_starts_drafted_rounds_is_judged_by_what_they_delivered() -
         assert auto.rounds.probes == ([0.0, 1.0] if not found else [1.0, 2.0])
         auto.evidence.realized[PLAIN].rounds.clear()
     assert auto.rounds.odds() == pytest.approx(2 / 6)
+
+
+class _TimedAlone(SyntheticCosts):
+    """Costs whose lowest recent timings (the load's batches timed back to back) are below what rounds
+    take: a GPU, where a round after plain rounds pays another batch size's kernels and graphs."""
+
+    def __init__(self, low: SyntheticCosts, **median: float):
+        super().__init__(**median)
+        self.low = low
+
+    def optimistic(self) -> SyntheticCosts:
+        return self.low
+
+
+def test_a_probes_hope_is_planned_on_the_lowest_costs_scaled_by_what_rounds_took_over_them() -> None:
+    """A probe hopes on the lowest recent costs (a timing a busy moment inflated must not rule the
+    draft out for good); the overrun that scales that hope is measured against those same costs, so
+    rounds that never come near them (on a GPU, 1.3-2x the load's timings) stop the probes."""
+    low = SyntheticCosts(base=0.010, slope=0.0015, draft=0.003)
+    costs = _TimedAlone(low, base=0.010, slope=0.004, draft=0.008)
+    auto = AutoDrafter(StaleDraft(2), LookupDrafter(), n_max=6, costs=costs)  # type: ignore[arg-type]
+    auto.rounds.cls = len(MODEL_CLASSES) - 1
+    auto.rounds.since, auto.rest = 10**6, 10**6
+    assert auto.rounds.probe_due([], costs.draft_step(), 6, auto.rest)  # on the lowest costs it would pay
+    for _ in range(3):  # probes taking what the median costs predict, nowhere near the lowest
+        _probe(auto, 2, 2 * costs.draft_step() + costs.verify(3))
+    assert auto.rounds.overrun() == pytest.approx(1.0)
+    assert auto.rounds.overrun(low=True) == pytest.approx(0.034 / (0.006 + low.verify(3)))
+    auto.rounds.since = 10**6
+    assert not auto.rounds.probe_due([], costs.draft_step(), 6, auto.rest)
+    _probe(auto, 2, 0.5)  # a round a busy moment slowed 15-fold moves the median, not the least
+    assert auto.rounds.overrun(low=True) == pytest.approx(0.034 / (0.006 + low.verify(3)))
+    # kept for the pair and machine, and bounded, as the overrun is
+    again = AutoDrafter(StaleDraft(2), LookupDrafter(), n_max=6, costs=costs)  # type: ignore[arg-type]
+    again.rounds.restore(auto.rounds.state())
+    assert again.rounds.overrun(low=True) == pytest.approx(auto.rounds.overrun(low=True), rel=1e-4)
+    again.rounds.restore({"overrun_low": 9.0})
+    assert max(again.rounds.overrun_low_window.samples) == 4.0

@@ -244,6 +244,8 @@ def test_status_words_each_decision_from_its_fields() -> None:
     )
     assert describe_decision(Decision(Action.NO_MATCH, Policy.AUTO)) == "no n-gram match"
     assert describe_decision(Decision(Action.PROBE, Policy.AUTO, Source.MODEL, k=2)).startswith("probing")
+    hoping = Decision(Action.PROBE, Policy.AUTO, Source.MODEL, k=2, acceptance=0.95, expected_speedup=1.12)
+    assert describe_decision(hoping).endswith("(1.12x if the draft is 95% right)")
     m = ReplyMeter(t_sent=0.0)
     m.add(step("a", (True, False), decision=model), now=0.1)
     assert status_text(m, "CPU", Mode.AUTO) == (

@@ -69,7 +69,7 @@ def test_acceptance_step_holds_auto_to_the_fixed_settings(walk: dict, tmp_path: 
         assert x["queued_wasted"]["plain"] == [(0, 0), (0, 0)]  # a CPU queues nothing
         assert x["auto_costs"] and x["auto_costs"]["ratios"]
         assert x["loaded_costs"]["ratios"] and x["loaded_costs"]["draft"] > 0  # read from the engine at load
-        assert set(x["auto_learned"]) >= {"overrun", "probes", "probe_loss"}
+        assert set(x["auto_learned"]) >= {"overrun", "overrun_low", "probes", "probe_loss"}
         traced = x["trace"]["spec2"]
         assert len(traced) == 2 and all(len(row) == len(TRACE_FIELDS) for rows in traced for row in rows)
         assert sum(len(rows) for rows in traced) == sum(r[1] for r in x["rounds_drafted"]["spec2"])

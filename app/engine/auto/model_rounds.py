@@ -16,7 +16,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +25,7 @@ import numpy as np
 from app.engine.auto.acceptance import ALWAYS, Acceptance, Upper, model_class
 from app.engine.auto.costs import CostModel, Window
 from app.engine.auto.evidence import PLAIN, Evidence, Kind
-from app.engine.auto.planner import Plan, best_length, continue_rule
+from app.engine.auto.planner import Plan, best_length, continue_rule, memo_plan
 from app.engine.auto.priors import (
     CONFIDENCE_FLOOR,
     CONFIDENCE_WINDOW,
@@ -100,13 +100,19 @@ class ModelRounds:
         self.probe_odds = probe_odds
         self.probes = [0.0, 0.0]  # probes that made drafting pay again, probes
         self._after_probe: Kind | None = None  # the kind of the rounds a probe started, until judged
+        self.hoped = (1.0, 0.0)  # the last probe's hope: the speedup of drafting, at the acceptance hoped for
         self.probe_loss = Window(7)  # seconds a probe round took beyond plain rounds' time for its tokens
         self._optimistic = Acceptance(n_max, prior=optimistic, weight=1e12)
         self.sync_cost = Window(15)  # the draft's seconds per token when catching up
         # A model round takes longer than its parts timed alone (the two models evict each other's
         # weights from the CPU caches, the draft's Python): the median ratio of what model rounds
-        # took to what the cost model predicted corrects its plans.
+        # took to what the cost model predicted corrects its plans. What a probe hopes for is
+        # planned on the lowest recent costs, so it is corrected by what rounds took over those (the
+        # least of them): on a GPU the lowest are the load's batches timed back to back, which a
+        # round after plain rounds never reaches (another batch size's kernels and graphs, the
+        # queued step it wastes).
         self.overrun_window = Window(15)
+        self.overrun_low_window = Window(15)
 
     def kind(self) -> Kind:
         return (self.source, self.cls)
@@ -207,7 +213,15 @@ class ModelRounds:
                 if not self.probe_due(tokens, d, limit, rest):
                     return Action.PAUSED
                 plan = Plan(min(PROBE_K, limit), 0.0, plan.plain_rate)
-                decision = Decision(Action.PROBE, Policy.AUTO, self.source, k=plan.k)
+                speedup, right = self.hoped  # what drafting would deliver if the probe finds it that good
+                decision = Decision(
+                    Action.PROBE,
+                    Policy.AUTO,
+                    self.source,
+                    k=plan.k,
+                    acceptance=right,
+                    expected_speedup=speedup,
+                )
                 self.probing = True
         if plan.k == 0:
             return Action.NO_ROOM
@@ -279,7 +293,7 @@ class ModelRounds:
         draft = low.draft_step() or draft_cost
         scale = min(1.0, self.overrun())
         key = ("always", draft, limit, self.margin, scale)
-        plan = _memo(low, key, lambda: best_length(ALWAYS, low, draft, limit, self.margin, scale=scale))
+        plan = memo_plan(low, key, lambda: best_length(ALWAYS, low, draft, limit, self.margin, scale=scale))
         return plan.k == 0
 
     def low_costs(self) -> CostModel:
@@ -289,8 +303,14 @@ class ModelRounds:
         low = getattr(self.costs, "optimistic", None)
         return low() if low is not None else self.costs
 
-    def overrun(self) -> float:
-        """What model rounds really took over what the cost model predicted (1.0 until measured)."""
+    def overrun(self, low: bool = False) -> float:
+        """What model rounds really took over what the cost model predicted (the median of recent
+        rounds; 1.0 until measured); ``low``: the least any recent round took over what the lowest
+        recent costs predicted (:meth:`low_costs`): optimistic as they are, so rounds a busy moment
+        slowed cannot stop the probes that would time the draft again."""
+        if low:
+            w = self.overrun_low_window
+            return min(2.0, max(0.8, min(w.samples))) if w.n >= 3 else 1.0
         w = self.overrun_window
         return min(2.0, max(0.8, w.value)) if w.n >= 3 else 1.0
 
@@ -358,11 +378,13 @@ class ModelRounds:
         low = self.low_costs()
         draft_cost = low.draft_step() or draft_cost
         hope = self._probe_optimism()
-        # what real rounds would deliver if the class turned out that good: planned, as they would
-        # be, with what model rounds have really taken over their parts
-        scale = self.overrun()
+        # what real rounds would deliver if the class turned out that good: planned on these costs
+        # with what model rounds have really taken over them
+        scale = self.overrun(low=True)
         key = ("probe", hope.prior, draft_cost, limit, self.margin, scale)
-        best = _memo(low, key, lambda: best_length(hope, low, draft_cost, limit, self.margin, scale=scale))
+        best = memo_plan(
+            low, key, lambda: best_length(hope, low, draft_cost, limit, self.margin, scale=scale)
+        )
         if best.k == 0 or best.plain_rate <= 0:
             return False  # the draft model cannot pay here even if this class turns out much better
         catch_up = self.model.pending(tokens) * self.sync_per_token(draft_cost)
@@ -379,6 +401,7 @@ class ModelRounds:
             price = max(price, self.probe_loss.value)
         rest_of_reply = rest / best.plain_rate  # seconds, decoding plainly
         gain = self.odds() * (best.rate / best.plain_rate - 1) * rest_of_reply
+        self.hoped = (best.rate / best.plain_rate, hope.prior)
         return price <= gain
 
     def _judge_probe(self) -> None:
@@ -403,6 +426,9 @@ class ModelRounds:
         d, v = self.costs.draft_step(), self.costs.verify(outcome.batch)
         if proposal.tokens and d and v:  # a probe too: it re-times what paused the draft
             self.overrun_window.add(seconds / (outcome.n_drafted * d + v + charged))
+            low = self.low_costs()
+            d_low, v_low = low.draft_step() or d, low.verify(outcome.batch) or v
+            self.overrun_low_window.add(seconds / (outcome.n_drafted * d_low + v_low + charged))
         if proposal.tokens and not self.probing:  # a try goes on only while the draft is right in full
             self.trying = self.trying and outcome.n_accepted >= outcome.n_drafted
         if self.cut:  # a draft not worth verifying: a try that failed
@@ -442,17 +468,25 @@ class ModelRounds:
     def state(self) -> dict[str, Any]:
         """What model rounds really took over their prediction, and the probes' record and price,
         for the memory file."""
+        low = self.overrun_low_window
         return {
             "overrun": round(self.overrun_window.value, 4) if self.overrun_window.n else None,
+            "overrun_low": round(min(low.samples), 4) if low.n else None,
             "probes": [round(x, 3) for x in self.probes],
             "probe_loss": round(self.probe_loss.value, 6) if self.probe_loss.n else None,
         }
 
     def restore(self, state: dict[str, Any]) -> None:
-        value = state.get("overrun")
-        if isinstance(value, (int, float)) and 0.0 < value < 1e6:  # a busy machine's 6x is kept as 4x
-            for _ in range(2):
-                self.overrun_window.add(min(4.0, max(0.5, float(value))))
+        # the median's as two rounds (one live round more makes it count), the least's as three (it
+        # counts at once; a live round under it replaces it)
+        for key, window, weight in (
+            ("overrun", self.overrun_window, 2),
+            ("overrun_low", self.overrun_low_window, 3),
+        ):
+            value = state.get(key)
+            if isinstance(value, (int, float)) and 0.0 < value < 1e6:  # a busy machine's 6x is kept as 4x
+                for _ in range(weight):
+                    window.add(min(4.0, max(0.5, float(value))))
         probes = state.get("probes")
         if (
             isinstance(probes, list)
@@ -467,14 +501,3 @@ class ModelRounds:
         if isinstance(loss, (int, float)) and 0.0 <= loss < 60.0:
             for _ in range(2):
                 self.probe_loss.add(float(loss))
-
-
-def _memo(costs: CostModel, key: tuple[Any, ...], plan: Callable[[], Plan]) -> Plan:
-    """``plan()``, kept with ``costs`` where they keep plans (see :class:`~.costs.Optimistic`)."""
-    memo = getattr(costs, "memo", None)
-    if memo is None:
-        return plan()
-    found = memo.get(key)
-    if found is None:
-        found = memo[key] = plan()
-    return found

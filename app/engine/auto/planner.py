@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from app.engine.auto.costs import CostModel
 from app.engine.auto.priors import EXPLORE, EXPLORE_SAMPLES
@@ -117,3 +117,14 @@ def continue_rule(
         return False
 
     return keep_going
+
+
+def memo_plan(costs: CostModel, key: tuple[Any, ...], plan: Callable[[], Plan]) -> Plan:
+    """``plan()``, kept with ``costs`` where they keep plans (see :class:`~.costs.Optimistic`)."""
+    memo = getattr(costs, "memo", None)
+    if memo is None:
+        return plan()
+    found = memo.get(key)
+    if found is None:
+        found = memo[key] = plan()
+    return found

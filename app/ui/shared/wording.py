@@ -106,6 +106,8 @@ def describe_decision(d: Decision, where: str = "this machine") -> str:
         text = f"measuring the {name}" if name else "measuring plain decoding"
     elif a is Action.PROBE:
         text = "probing: re-measuring whether drafting pays"
+        if d.expected_speedup is not None and d.acceptance is not None:
+            text += f" ({d.expected_speedup:.2f}x if the draft is {d.acceptance:.0%} right)"
     elif a is Action.PAUSED:
         text = f"drafting paused: verifying costs more than it saves on {where}"
         if d.source is Source.MTP:
