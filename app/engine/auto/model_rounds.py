@@ -107,10 +107,9 @@ class ModelRounds:
         # A model round takes longer than its parts timed alone (the two models evict each other's
         # weights from the CPU caches, the draft's Python): the median ratio of what model rounds
         # took to what the cost model predicted corrects its plans. What a probe hopes for is
-        # planned on the lowest recent costs, so it is corrected by what rounds took over those (the
-        # least of them): on a GPU the lowest are the load's batches timed back to back, which a
-        # round after plain rounds never reaches (another batch size's kernels and graphs, the
-        # queued step it wastes).
+        # planned on the lowest recent costs, so it is corrected by what rounds took over those: on
+        # a GPU the lowest are the load's batches timed back to back, which a round after plain
+        # rounds never reaches (another batch size's kernels and graphs, the queued step it wastes).
         self.overrun_window = Window(15)
         self.overrun_low_window = Window(15)
 
@@ -305,13 +304,9 @@ class ModelRounds:
 
     def overrun(self, low: bool = False) -> float:
         """What model rounds really took over what the cost model predicted (the median of recent
-        rounds; 1.0 until measured); ``low``: the least any recent round took over what the lowest
-        recent costs predicted (:meth:`low_costs`): optimistic as they are, so rounds a busy moment
-        slowed cannot stop the probes that would time the draft again."""
-        if low:
-            w = self.overrun_low_window
-            return min(2.0, max(0.8, min(w.samples))) if w.n >= 3 else 1.0
-        w = self.overrun_window
+        rounds; 1.0 until measured); ``low``: over what the lowest recent costs predicted
+        (:meth:`low_costs`)."""
+        w = self.overrun_low_window if low else self.overrun_window
         return min(2.0, max(0.8, w.value)) if w.n >= 3 else 1.0
 
     def sync_per_token(self, draft_cost: float) -> float:
@@ -471,14 +466,14 @@ class ModelRounds:
         low = self.overrun_low_window
         return {
             "overrun": round(self.overrun_window.value, 4) if self.overrun_window.n else None,
-            "overrun_low": round(min(low.samples), 4) if low.n else None,
+            "overrun_low": round(low.value, 4) if low.n else None,
             "probes": [round(x, 3) for x in self.probes],
             "probe_loss": round(self.probe_loss.value, 6) if self.probe_loss.n else None,
         }
 
     def restore(self, state: dict[str, Any]) -> None:
-        # the median's as two rounds (one live round more makes it count), the least's as three (it
-        # counts at once; a live round under it replaces it)
+        # the overrun as two rounds (one live round more makes it count); the one a probe's hope is
+        # scaled by as three, so the first probe of a session is judged as the last one was
         for key, window, weight in (
             ("overrun", self.overrun_window, 2),
             ("overrun_low", self.overrun_low_window, 3),
