@@ -94,8 +94,9 @@ def test_a_second_session_starts_where_the_first_ended(tiny_pair, tmp_path) -> N
         for key in ("probes", "probe_loss"):  # the probes' record and price
             assert auto.state()["model"][key] == learned["model"][key]
         # what model rounds took over their prediction (where they drafted), within the bounds a restore keeps
-        saved, kept = learned["model"]["overrun"], auto.state()["model"]["overrun"]
-        assert kept == (None if saved is None else pytest.approx(min(4.0, max(0.5, saved))))
+        for key in ("overrun", "overrun_low"):  # (and over the lowest costs, which a probe hopes on)
+            saved, kept = learned["model"][key], auto.state()["model"][key]
+            assert kept == (None if saved is None else pytest.approx(min(4.0, max(0.5, saved))))
         assert set(eng.costs.state()["ratios"]) == set(ratios)
         eng.run(ids, GenerationSettings(mode="auto", max_tokens=24))
         auto.evidence.predicted[Source.MODEL][0].observe(3, 2, ())  # this session learns on...
