@@ -1,30 +1,33 @@
-"""The GPU check's acceptance step replayed here, with the costs auto mode measured there.
+"""The GPU check's acceptance step replayed here, with that GPU's costs and what switching adds.
 
 The acceptance step (``bench.gpu_engine.run_acceptance``) holds auto mode to the fixed settings live,
 on a walk pair (``bench.gpu_models.write_walk_models``) whose draft is right about the next token a
 chosen share of the time. Its replies are known here without the models: the target writes the walk
 (:func:`bench.gpu_models.walk_next`) on from the prompt's last token, and the draft for share ``q``
 is right where that pair's draw says. So auto mode's policy can be replayed on the same replies, in
-the same order (one engine per pair, its repeats one after another), with the costs auto mode held at
-the end of that pair (``auto_costs`` in the record), and set beside what was measured live::
+the same order (one engine per pair, its repeats one after another), and set beside what was
+measured live, with spec1 as the check on the charges::
 
     python -m bench.replay_walk bench/recorded/gpu-acceptance-2026-11-27.json
 
-A plain round is the unit (plain decoding queues every token). What a live GPU adds to the batches'
-costs (:class:`LiveCosts`, figures from the traced H200 runs of 2026-11-27):
+A plain round is the unit (plain decoding queues every token). Each round is charged the batches
+that GPU's check timed alone (``gpu-check-*.json``: the target's and the draft's), and what the
+traced H200 runs of 2026-11-27 show a live GPU adds when a reply switches between plain and drafted
+rounds (:class:`LiveCosts`):
 
 - a round that drafts after a queued plain round waits for the step it queued and discards it
-  (``WASTED``, one step);
-- a plain round after a drafted one is not queued, and after a batch of another size it took
-  ``RESTART`` steps more on average (0 or about 1: the GPU's graphs for a single token rebuilt);
-- each of auto mode's plain rounds costs ``overhead`` more than plain decoding's (its planning, not
+  (``WASTED``, one step), and took ``COLD`` steps more than its batches alone (another batch size's
+  kernels and graphs; ``COLD_BATCH`` of it in the target's batch, which auto mode times);
+- a plain round after a drafted one is not queued, and took ``RESTART`` steps more on average (0 or
+  about 1: the graphs for a single token rebuilt);
+- each of auto mode's plain rounds costs ``OVERHEAD`` more than plain decoding's (its planning, not
   all of it hidden behind the queued step: 2-3 % on the H200 after the confidence rows were read
   after queuing, 8-12 % before).
 
-The draft's batches are the GPU check's measured table for that GPU (``gpu-check-*.json``) scaled to
-the draft step auto mode measured live. The replay shows whether the cost model is to be trusted on a
-GPU (spec1 and auto, replayed against live), and what a change to auto mode would do there before a
-GPU is at hand to measure it.
+Auto mode starts from the costs the engine held after loading the pair where the record has them
+(``loaded_costs``), else from the check's table as the load's warm-up would time it, and learns from
+what it is charged. The replay shows how far these charges are to be trusted on a GPU, and what a
+change to auto mode would do there before a GPU is at hand to measure it.
 """
 
 from __future__ import annotations
@@ -52,7 +55,8 @@ OVERHEAD = 0.03  # auto mode's plain rounds against plain decoding's (H200, 2026
 
 
 class LiveCosts(TableCosts):
-    """A GPU's batches as auto mode measured them live, and what queuing adds (see the module)."""
+    """A GPU's batches timed alone, and what switching between plain and drafted rounds adds live
+    (see the module)."""
 
     def __init__(
         self,
@@ -70,7 +74,8 @@ class LiveCosts(TableCosts):
     def switch(self, drafted_last: bool | None, drafts: bool) -> tuple[float, float]:
         if drafts:
             if drafted_last is False:
-                return COLD_BATCH, self.wasted + self.cold - COLD_BATCH
+                in_batch = min(COLD_BATCH, self.cold)
+                return in_batch, self.wasted + self.cold - in_batch
             return 0.0, 0.0
         return 0.0, self.restart if drafted_last else self.overhead
 
