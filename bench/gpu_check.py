@@ -142,12 +142,22 @@ def given_table(
     return out
 
 
-def measured_table(costs: dict[str, Any], context: str) -> tuple[list[float], list[float], str]:
+def measured_table(
+    costs: dict[str, Any], context: str, *, plain_ms: float | None = None, in_run: bool = True
+) -> tuple[list[float], list[float], str]:
     """A backend's measured verify table (batches 1-64, in steps) and the draft's, at ``context`` (or
-    the longest measured), and which context that was."""
+    the longest measured), and which context that was.
+
+    The batches are timed between decode steps, which on CUDA run without their graph; with
+    ``in_run`` they are given in steps as plain decoding takes them: the step the table timed back to
+    back (``run_step_ms``), or for a table without one ``plain_ms``, what a plain round took in the
+    same check's engine step (where given). ``in_run=False``: in the steps timed between batches."""
     used = context if context in costs["contexts"] else max(costs["contexts"], key=int)
     c = costs["contexts"][used]
-    return [1.0, *c["target"]["ratio"][1:]], list(c["draft"]["ratio"]), used
+    step = c["target"].get("run_step_ms") or plain_ms
+    scale = c["target"]["step_ms"] / step if in_run and step else 1.0
+    target = [1.0, *(r * scale for r in c["target"]["ratio"][1:])]
+    return target, [r * scale for r in c["draft"]["ratio"]], used
 
 
 def run_replay(args: argparse.Namespace, result: dict[str, Any]) -> dict[str, Any]:

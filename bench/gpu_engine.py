@@ -85,7 +85,10 @@ def auto_learned(folder: Path) -> dict[str, Any] | None:
 
 def predicted_round_ms(table: dict[str, Any], k: int) -> float | None:
     """A fully accepted round of k drafted tokens with the target as its own draft, from the table:
-    the draft's catch-up batch of 2, k-1 draft steps, and the verify batch of k+1 (None: past it)."""
+    the draft's catch-up batch of 2, k-1 draft steps, and the verify batch of k+1 (None: past it);
+    k = 0: a plain round, a step as plain decoding takes it (timed in a run where the table has one)."""
+    if k == 0:
+        return table["target"].get("run_step_ms") or table["target"]["step_ms"]
     r = table["target"]["ratio"]
     return table["target"]["step_ms"] * (r[1] + (k - 1) + r[k]) if k < len(r) else None
 
@@ -219,9 +222,7 @@ def run_engine(
             "rounds_measured": len(periods),
             "python_share": [r["python_share"] for r in rs],
         }
-        want = (
-            None if table is None else table["target"]["step_ms"] if k == 0 else predicted_round_ms(table, k)
-        )
+        want = None if table is None else predicted_round_ms(table, k)
         if want and periods:
             row["predicted_ms"] = round(want, 3)
             row["overhead_ms"] = round(statistics.median(periods) - want, 3)

@@ -27,8 +27,10 @@ def _cost_lines(name: str, costs: dict[str, Any]) -> list[str]:
             for n in SHOWN_BATCHES
             if n in b
         ]
+        run = f" ({t['run_step_ms']:.2f} ms in a run of steps)" if t.get("run_step_ms") else ""
         lines.append(
-            f"  after {ctx} tokens: target step {t['step_ms']:.2f} ms; verify (steps) " + ", ".join(cells)
+            f"  after {ctx} tokens: target step {t['step_ms']:.2f} ms{run}; verify (steps) "
+            + ", ".join(cells)
         )
         cells = [f"{n}: {d['ratio'][b.index(n)]:.3f}" for n in (1, *SHOWN_BATCHES) if n in b]
         lines.append(f"    draft step {d['ms'][0]:.2f} ms; draft batches (target steps) " + ", ".join(cells))

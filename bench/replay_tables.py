@@ -54,9 +54,13 @@ def tables() -> dict[str, tuple[list[float], list[float], str]]:
     for path in sorted(RECORDED.glob("gpu-check-*.json")):  # measured by bench.gpu_check on a lent GPU
         check = json.loads(path.read_text(encoding="utf-8"))
         gpu = path.stem.removeprefix("gpu-check-").rsplit("-", 3)[0]
+        engine = check.get("engine") or {}
         for backend, costs in check.get("costs", {}).items():
             if "contexts" in costs:
-                ratios, draft, used = measured_table(costs, "512")
+                # a table without a step timed in a run: plain rounds as the check's engine step took them
+                same = str(engine.get("backend", "")).lower() == backend
+                plain = (engine.get("modes") or {}).get("plain", {}).get("round_ms") if same else None
+                ratios, draft, used = measured_table(costs, "512", plain_ms=plain)
                 env = check["environment"]
                 where = f"{env.get('nvidia_smi', gpu)}, {backend}, {env['date']}"
                 out[f"{gpu}-{backend}"] = (ratios, draft, f"measured after {used} tokens: {where}")

@@ -169,7 +169,8 @@ def check_table(record: dict[str, Any]) -> tuple[list[float], list[float]]:
         gpu = path.stem.removeprefix("gpu-check-").rsplit("-", 3)[0]
         if gpu.lower() in smi.lower():
             check = json.loads(path.read_text(encoding="utf-8"))
-            ratios, draft, _ = measured_table(check["costs"]["cuda"], "512")
+            # in the steps timed between batches: the switching charges were fitted on these
+            ratios, draft, _ = measured_table(check["costs"]["cuda"], "512", in_run=False)
             return ratios, draft
     raise ValueError(f"no recorded GPU check for {smi!r}")
 

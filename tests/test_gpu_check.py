@@ -17,6 +17,7 @@ from gguf.quants import dequantize
 from app.tiny_arch import count_params, write_tiny_model
 from app.tiny_quants import SPREAD, Q, noisy_blocks, q4_k_m_type, random_blocks
 from bench import gpu_check
+from bench.gpu_check import measured_table
 from bench.gpu_costs import NotOnGPU, check_on_gpu, gpu_buffer_bytes, measure, offload_lines
 from bench.gpu_engine import check_engine_on_gpu, predicted_round_ms, run_engine, run_explore
 from bench.gpu_lossless import PROMPTS, run_lossless
@@ -193,6 +194,26 @@ def test_cost_table_machinery_on_the_cpu(tiny_models: dict) -> None:
         c["target"]["step_ms"] * (c["target"]["ratio"][1] + 2 + c["target"]["ratio"][3])
     )
     assert predicted_round_ms(c, 7) is None
+    # the step as plain decoding takes it, timed back to back: a plain round's prediction, and the
+    # step the table is given in for replaying
+    assert c["target"]["run_step_ms"] > 0 and predicted_round_ms(c, 0) == c["target"]["run_step_ms"]
+    ratios, draft, _ = measured_table(got, "32")
+    scale = c["target"]["step_ms"] / c["target"]["run_step_ms"]
+    assert ratios[0] == 1.0 and ratios[1] == pytest.approx(c["target"]["ratio"][1] * scale)
+    assert draft[0] == pytest.approx(c["draft"]["ratio"][0] * scale)
+    assert measured_table(got, "32", in_run=False)[0][1] == c["target"]["ratio"][1]
+
+
+def test_a_table_without_a_step_timed_in_a_run_is_given_in_plain_rounds() -> None:
+    """A table recorded before steps were timed in a run (an H200: 5.17 ms a step between batches,
+    4.07 ms a plain round in the same check's engine step) is given in plain rounds where the plain
+    round's time is known, else as timed."""
+    c = {"target": {"step_ms": 5.17, "ratio": [1.0, 1.1]}, "draft": {"ratio": [0.7, 0.94]}}
+    costs = {"contexts": {"512": c}}
+    ratios, draft, used = measured_table(costs, "512", plain_ms=4.07)
+    assert used == "512" and ratios == pytest.approx([1.0, 1.1 * 5.17 / 4.07])
+    assert draft == pytest.approx([0.7 * 5.17 / 4.07, 0.94 * 5.17 / 4.07])
+    assert measured_table(costs, "512")[0] == [1.0, 1.1]
 
 
 def test_engine_and_lossless_steps_on_the_cpu(tiny_models: dict, tmp_path: Path) -> None:

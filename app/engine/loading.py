@@ -131,19 +131,30 @@ def load_model(
 # does not grow smoothly: on a 2-core AMD EPYC (AVX-512) a batch of 12 or 16 costs 8.0 decode steps,
 # 32 costs 14.8 and 64 costs 20.7, so a long copy that holds pays where a batch of 4 (3.3) does not.
 WARM_UP_BATCHES = (1, 2, 3, 4, 6, 8, 9, 12, 16, 32, 64)
+# decode steps evaluated back to back after the batches, the first untimed (the second of two alike is
+# where CUDA captures its graph again): the step auto mode plans plain rounds at
+RUN_STEPS = 4
 
 
-def relative_to_neighbours(timed: list[tuple[int, float]], last: int = 3) -> list[tuple[int, float]]:
+def relative_to_neighbours(
+    timed: list[tuple[int, float]], last: int = 3, run: list[float] | None = None
+) -> list[tuple[int, float]]:
     """Timings in the order taken (batch size, seconds), steps (size 1) between the batches, as the
     machine is at the end: the ``last`` steps, then each batch's time scaled from the steps timed
     beside it to those steps' median. Another program starting or stopping beside this one changes
-    every timing tens of times on a small CPU; a batch's cost relative to the steps around it holds."""
+    every timing tens of times on a small CPU; a batch's cost relative to the steps around it holds.
+
+    ``run``: steps timed back to back after the last of them, as plain decoding evaluates them; they
+    are the step given. A step timed between two batch sizes is not one: on CUDA each change of shape
+    makes llama.cpp run the next two evaluations without their CUDA graph, and a step after a batch
+    cost 1.27x what a step of plain decoding does on an H200 (docs/benchmarks.md, "A decode step
+    after a batch"). On a CPU the two agree."""
     steps = [(i, dt) for i, (b, dt) in enumerate(timed) if b <= 1]
     if not steps:
         return timed
     now = [dt for _, dt in steps[-last:]]
     reference = statistics.median(now)
-    out = [(1, dt) for dt in now]
+    out = [(1, dt) for dt in (run or now)]
     for i, (batch, dt) in enumerate(timed):
         if batch <= 1:
             continue
@@ -164,7 +175,8 @@ def warm_up(
     and grows its buffer pools on first use. Then each batch size a verification commonly uses is timed (the
     cost does not grow smoothly with the batch: kernels change with its size), with one decode
     step timed between every two sizes: each size's cost is taken relative to the steps timed beside
-    it (:func:`relative_to_neighbours`), not to one step a busy machine may have slowed. Logits are
+    it (:func:`relative_to_neighbours`), not to one step a busy machine may have slowed. The step
+    itself is timed last, in a run of RUN_STEPS, as plain decoding evaluates it. Logits are
     computed for every row, as verification does: on a CPU the output layer is a real share of a
     batch's cost (Qwen2.5 1.5B: a batch of 4 costs 1.7x one token with the last row's logits only,
     2.1-2.9x with all four).
@@ -187,14 +199,17 @@ def warm_up(
     if on_gpu:
         untimed += [b for b in dict.fromkeys(sizes) if b != 4]
     timed: list[tuple[int, float]] = []
-    for i, batch in enumerate((*untimed, *order)):
+    run: list[float] = []
+    for i, batch in enumerate((*untimed, *order, *[1] * RUN_STEPS)):
         t0 = time.perf_counter()
         seq.verify_batch(tok, text[1:batch])  # with a checkpoint where such a draft needs one
         dt = time.perf_counter() - t0
         seq.reset()
-        if i >= len(untimed):
+        if i >= len(untimed) + len(order) + 1:
+            run.append(dt)
+        elif len(untimed) <= i < len(untimed) + len(order):
             timed.append((batch, dt))
-    for batch, dt in relative_to_neighbours(timed):  # the steps first, then the batches
+    for batch, dt in relative_to_neighbours(timed, run=run):  # the steps first, then the batches
         costs.observe_verify(batch, dt)
     if draft_ctx is not None:
         for i in range(3):
