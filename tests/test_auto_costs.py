@@ -233,6 +233,22 @@ class Timings(MeasuredCosts):
         self.timed[batch] += 1
         super().observe_verify(batch, seconds)
 
+    def observe_draft(self, n_tokens: int, seconds: float) -> None:
+        self.timed[0] += n_tokens
+        super().observe_draft(n_tokens, seconds)
+
+
+class Decodes(Context):
+    """A context that records the size of each evaluation."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.sizes: list[int] = []
+
+    def decode(self, tokens, pos0, **kwargs):  # type: ignore[no-untyped-def, override]
+        self.sizes.append(len(tokens))
+        return super().decode(tokens, pos0, **kwargs)
+
 
 @pytest.mark.parametrize("on_gpu", [False, True])
 def test_a_gpus_first_evaluation_of_each_batch_size_is_not_timed(tiny_pair, on_gpu: bool) -> None:
@@ -268,6 +284,26 @@ def test_loading_times_the_step_in_a_run_after_the_batches(tiny_pair) -> None:
         assert costs.timed[1] == RUN_STEPS - 1
         seq.ctx.close()
     finally:
+        model.close()
+
+
+def test_loading_times_the_drafts_steps_as_a_round_drafts(tiny_pair) -> None:
+    """The draft's step is timed after a batch of 2, as in a round that drafts (on CUDA a step there
+    runs without its graph, where steps back to back would replay it); its first round untimed."""
+    from app.engine.loading import DRAFT_STEPS
+
+    model, draft = Model(tiny_pair.target), Model(tiny_pair.draft)
+    try:
+        seq = TargetCache(Context(model, n_ctx=512, n_threads=1))
+        ctx = Decodes(draft, n_ctx=512, n_threads=1)
+        costs = Timings()
+        warm_up(seq, model.n_vocab, ctx, costs)
+        assert ctx.sizes == ([2] + [1] * DRAFT_STEPS) * 3
+        assert costs.timed[0] == 2 * DRAFT_STEPS and costs.draft_step()
+        ctx.close()
+        seq.ctx.close()
+    finally:
+        draft.close()
         model.close()
 
 
