@@ -338,6 +338,24 @@ def test_a_draft_model_that_could_not_pay_even_if_always_right_is_neither_planne
     assert sure_but_dear.model.asked == []  # type: ignore[union-attr]
 
 
+def test_a_round_that_measures_the_draft_drafts_the_tokens_it_times() -> None:
+    """A draft whose step is not yet timed is measured by a round that drafts 2 tokens (the step after
+    the first is what is timed). Where batches are dear (a tiny model timed at load: a batch of 2 at 2
+    steps) the rule that stops a draft early would stop it after one token, and the draft would be
+    measured in every round for ever."""
+    costs = MeasuredCosts()
+    for b, seconds in ((1, 0.1), (2, 0.2), (3, 0.3), (4, 0.4)):
+        costs.observe_verify(b, seconds)
+    draft = SureDraft(confidence=0.5)
+    auto = AutoDrafter(draft, LookupDrafter(), n_max=6, costs=costs)  # type: ignore[arg-type]
+    text = list(range(200, 260))  # no n-gram repeats
+    auto.begin(text)
+    prop = auto.propose(text, 6, None, None)  # type: ignore[arg-type]
+    assert prop.decision.action is Action.MEASURE and draft.asked == [2] and prop.n_steps == 2
+    auto.observe(prop, Outcome(Source.MODEL, len(prop.tokens), 0, 1 + len(prop.tokens), 0.1, 0.2))
+    assert costs.draft_step() is not None
+
+
 def _timed(costs: MeasuredCosts, mtp: float, model: float, auto: AutoDrafter) -> None:
     """A CPU-like machine: a batch of b costs 1 + 0.3 (b - 1) steps of 0.1 s; the draft model's and
     the MTP head's steps as given (in target steps)."""
