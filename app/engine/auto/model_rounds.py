@@ -225,17 +225,12 @@ class ModelRounds:
         if plan.k == 0:
             return Action.NO_ROOM
         self.since = 0
-        # a probe stays short; a real round drafts on while the draft's confidence says it pays; a
-        # round that measures drafts its tokens whatever they promise (a step after the first is what
-        # it times: cut at one token, as dear batches would cut it, it would measure for ever)
+        # a probe stays short; a real round drafts on while the draft's confidence says it pays; one
+        # that measures drafts all it planned (it times the steps after the first: cut, it never would)
         measuring = decision.action is Action.MEASURE
         room = plan.k if self.probing or measuring else limit
-        calibration = self.evidence.calibration[self.source]
-        keep_going = (
-            None
-            if measuring
-            else continue_rule(self.costs, calibration, acc, self.costs.draft_step() or 0.0, room)
-        )
+        rule = continue_rule(self.costs, self.evidence.calibration[self.source], acc, d or 0.0, room)
+        keep_going = None if measuring else rule
         if grammar is None:  # (a grammar only where there is one: a replayed model takes none)
             prop = self.model.propose(tokens, room, params, rng, keep_going=keep_going)
         else:
