@@ -9,10 +9,11 @@ measured: a verify batch costs about one decode step up to 16 tokens,
 ``bench.replay_history.gpu_ratios``; a 0.5B draft's step 0.15 of a 7B target's,
 ``bench.gpu_check.ASSUMED_DRAFT``) and each backend's table in a recorded GPU check
 (``bench/recorded/gpu-check-*.json``, after 512 tokens: ``h100-cuda``, ``h100-vulkan``,
-``h200-cuda``; given in plain decoding's steps, which on CUDA cost less than the steps the table timed
-between batches: see ``bench.gpu_check.measured_table``). For each table and category it prints the best fixed setting (plain, speculative at
-draft lengths 1-8, lookup), auto mode's speedup over plain, and auto's ratio to that setting, and
-checks the issue's bar: auto within ``--within`` of the best fixed setting and never below plain::
+``h200-cuda``; given in plain decoding's steps, which on CUDA cost less than the steps the table
+timed between batches: see ``bench.gpu_check.measured_table``). For each table and category it
+prints the best fixed setting (plain, speculative at draft lengths 1-8, lookup), auto mode's speedup
+over plain, and auto's ratio to that setting, and checks the issue's bar: auto within ``--within`` of
+the best fixed setting and never below plain::
 
     python -m bench.replay_tables --orders 3
 
