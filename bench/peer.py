@@ -2,11 +2,12 @@
 
 Each side runs as the server a user would start, on 127.0.0.1, with the same models, context and
 threads: ``tandem serve`` in plain and auto mode, and llama.cpp's ``llama-server`` plain, with the
-draft model (``-md``) and with its n-gram drafting (``--spec-type ngram-mod``), each at its own
-defaults. All of them are loaded at once (an idle server takes no CPU) and asked in turn: for each
-repeat and prompt the order rotates, so a busy moment of a shared machine falls on every server
-alike. Every reply is streamed and timed as a client sees it: its decode speed is the tokens after
-the first over the time from the first text to the end (the token count from the usage at the end).
+draft model (``-md``, ``--spec-type draft-simple``), with its n-gram drafting (``--spec-type
+ngram-mod``) and with both (``ngram-mod,draft-simple``: the copy where one is found, else the draft),
+each at its own defaults. All of them are loaded at once (an idle server takes no CPU) and asked in
+turn: for each repeat and prompt the order rotates, so a busy moment of a shared machine falls on
+every server alike. Every reply is streamed and timed as a client sees it: its decode speed is the
+tokens after the first over the time from the first text to the end (the count from the usage).
 
 Prints, per category and over all, each server's speed over llama.cpp's plain decoding (the median
 of the repeats, each repeat the category's tokens over its decode time, and their range), Tandem's
@@ -70,9 +71,12 @@ def servers(setup: Setup, extra: Sequence[str] = ()) -> dict[str, list[str]]:
         llama = [setup.llama_server, "-m", setup.target, "-c", str(setup.ctx), "-t", str(setup.threads)]
         llama += ["-np", "1", "--host", "127.0.0.1", *setup.llama_args]  # one slot, as Tandem has
         out["llama-plain"] = llama
-        if setup.draft:
-            out["llama-draft"] = [*llama, "-md", setup.draft, "-td", str(setup.threads)]
+        draft = ["-md", setup.draft, "-td", str(setup.threads)] if setup.draft else []
+        if draft:  # a draft model is used only where a type asks for it
+            out["llama-draft"] = [*llama, *draft, "--spec-type", "draft-simple"]
         out["llama-ngram"] = [*llama, "--spec-type", "ngram-mod"]
+        if draft:  # both, as llama.cpp ranks them: the n-gram copy where it finds one, else the draft
+            out["llama-both"] = [*llama, *draft, "--spec-type", "ngram-mod,draft-simple"]
         for spec in extra:
             name, _, args = spec.partition("=")
             out[f"llama-{name}"] = [*llama, *shlex.split(args)]

@@ -21,6 +21,7 @@ def test_the_servers_get_the_same_models_context_and_threads() -> None:
         "llama-plain",
         "llama-draft",
         "llama-ngram",
+        "llama-both",
         "llama-draft8",
     ]
     for name, cmd in cmds.items():
@@ -28,7 +29,10 @@ def test_the_servers_get_the_same_models_context_and_threads() -> None:
         assert cmd[cmd.index("--ctx" if name.startswith("tandem") else "-c") + 1] == "2048"
         assert cmd[cmd.index("--threads" if name.startswith("tandem") else "-t") + 1] == "2"
     assert cmds["tandem-auto"][-2:] == ["--mode", "auto"] and "--no-history" in cmds["tandem-auto"]
-    assert cmds["llama-draft"][-4:] == ["-md", "d.gguf", "-td", "2"]
+    assert cmds["llama-draft"][-6:] == ["-md", "d.gguf", "-td", "2", "--spec-type", "draft-simple"]
+    assert (
+        cmds["llama-both"][-2:] == ["--spec-type", "ngram-mod,draft-simple"] and "-md" in cmds["llama-both"]
+    )
     assert cmds["llama-ngram"][-2:] == ["--spec-type", "ngram-mod"]
     assert cmds["llama-plain"][-2:] == ["-ngl", "99"] and "-np" in cmds["llama-plain"]
     assert cmds["llama-draft8"][-2:] == ["--spec-draft-n-max", "8"]
