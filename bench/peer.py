@@ -4,10 +4,14 @@ Each side runs as the server a user would start, on 127.0.0.1, with the same mod
 threads: ``tandem serve`` in plain and auto mode, and llama.cpp's ``llama-server`` plain, with the
 draft model (``-md``, ``--spec-type draft-simple``), with its n-gram drafting (``--spec-type
 ngram-mod``) and with both (``ngram-mod,draft-simple``: the copy where one is found, else the draft),
-each at its own defaults. All of them are loaded at once (an idle server takes no CPU) and asked in
-turn: for each repeat and prompt the order rotates, so a busy moment of a shared machine falls on
-every server alike. Every reply is streamed and timed as a client sees it: its decode speed is the
-tokens after the first over the time from the first text to the end (the count from the usage).
+each at its own defaults; Tandem's auto mode with its drafting history, as ``tandem serve`` runs.
+All of them are loaded at once (an idle server takes no CPU) and asked in turn: for each repeat and
+prompt the order rotates, so a busy moment of a shared machine falls on every server alike. Each
+repeat starts every server afresh, so nothing answers from its memory of the same request in an
+earlier repeat (llama.cpp's n-gram drafters keep their tables across requests, as Tandem keeps its
+history); ``--remember`` keeps them, to measure exactly that. Every reply is streamed and timed as a
+client sees it: its decode speed is the tokens after the first over the time from the first text to
+the end (the count from the usage).
 
 Prints, per category and over all, each server's speed over llama.cpp's plain decoding (the median
 of the repeats, each repeat the category's tokens over its decode time, and their range), Tandem's
@@ -62,10 +66,10 @@ def servers(setup: Setup, extra: Sequence[str] = ()) -> dict[str, list[str]]:
     """Name -> the command that starts it (its port appended at start). ``extra``: more llama-server
     configurations as ``name=arguments``."""
     tandem = [sys.executable, "-m", "app", "serve", "--model", setup.target, "--ctx", str(setup.ctx)]
-    tandem += ["--threads", str(setup.threads), "--no-history"]  # the history would copy earlier repeats
+    tandem += ["--threads", str(setup.threads)]
     tandem += ["--draft", setup.draft] if setup.draft else []
-    out = {"tandem-plain": [*tandem, "--mode", "plain"]}
-    if setup.draft:
+    out = {"tandem-plain": [*tandem, "--mode", "plain", "--no-history"]}
+    if setup.draft:  # with its drafting history, as `tandem serve` runs by default
         out["tandem-auto"] = [*tandem, "--mode", "auto"]
     if setup.llama_server:
         llama = [setup.llama_server, "-m", setup.target, "-c", str(setup.ctx), "-t", str(setup.threads)]
@@ -207,21 +211,29 @@ def run(
     names: Sequence[str] = (),
     extra: Sequence[str] = (),
     log_dir: Path | None = None,
+    remember: bool = False,
 ) -> dict[str, Any]:
-    """Every server answers every prompt ``repeats`` times, in rotating order. Returns the rows."""
+    """Every server answers every prompt ``repeats`` times, in rotating order. Returns the rows.
+
+    Each repeat starts every server afresh (a new data folder: nothing remembered) unless
+    ``remember``: then they run through all repeats, and a repeat's replies can be copied from the
+    same request's earlier answers (Tandem's drafting history; llama.cpp's n-gram drafters keep their
+    tables across requests), as when an agent or a user sends a request again."""
     commands = servers(setup, extra)
     chosen = [n for n in commands if not names or n in names]
     with tempfile.TemporaryDirectory(prefix="tandem-peer-") as tmp:
         logs = log_dir or Path(tmp)
         started = [Server(n, commands[n], logs / f"{n}.log") for n in chosen]
         rows: list[dict[str, Any]] = []
+        total = repeats * len(prompts)
         try:
-            for s in started:  # one at a time: two loads at once would time each other's warm-up
-                s.start(Path(tmp))
-                s.wait_ready()
-                ask(s, "Say OK.", 4)
-            total = repeats * len(prompts)
             for rep in range(repeats):
+                if rep == 0 or not remember:
+                    for s in started:  # one at a time: two loads at once would time each other's warm-up
+                        s.stop()
+                        s.start(Path(tmp) / f"repeat-{rep}")
+                        s.wait_ready()
+                        ask(s, "Say OK.", 4)
                 for i, row in enumerate(prompts):
                     shift = (i + rep) % len(started)
                     for s in started[shift:] + started[:shift]:
@@ -242,7 +254,7 @@ def run(
         finally:
             for s in started:
                 s.stop()
-    return {"servers": {n: commands[n] for n in chosen}, "rows": rows}
+    return {"servers": {n: commands[n] for n in chosen}, "rows": rows, "remember": remember}
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -334,6 +346,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--categories", default="", help="comma-separated categories (default: all)")
     p.add_argument("--limit", type=int, default=0)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument(
+        "--remember",
+        action="store_true",
+        help="keep the servers through all repeats (default: each repeat from servers started afresh)",
+    )
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--ctx", type=int, default=4096)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -362,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         names=names,
         extra=args.peer,
         log_dir=args.logs,
+        remember=args.remember,
     )
     data["summary"] = summarize(data["rows"])
     data["settings"] = {

@@ -28,7 +28,7 @@ def test_the_servers_get_the_same_models_context_and_threads() -> None:
         assert cmd[cmd.index("--model" if name.startswith("tandem") else "-m") + 1] == "t.gguf"
         assert cmd[cmd.index("--ctx" if name.startswith("tandem") else "-c") + 1] == "2048"
         assert cmd[cmd.index("--threads" if name.startswith("tandem") else "-t") + 1] == "2"
-    assert cmds["tandem-auto"][-2:] == ["--mode", "auto"] and "--no-history" in cmds["tandem-auto"]
+    assert cmds["tandem-auto"][-2:] == ["--mode", "auto"] and "--no-history" not in cmds["tandem-auto"]
     assert cmds["llama-draft"][-6:] == ["-md", "d.gguf", "-td", "2", "--spec-type", "draft-simple"]
     assert (
         cmds["llama-both"][-2:] == ["--spec-type", "ngram-mod,draft-simple"] and "-md" in cmds["llama-both"]
@@ -48,6 +48,8 @@ def test_a_run_through_tandem_serve(tiny_pair, tmp_path) -> None:
     ]
     data = peer.run(setup, prompts, repeats=2, max_tokens=24, log_dir=tmp_path)
     rows = data["rows"]
+    # every repeat from servers started afresh: two loads each
+    assert (tmp_path / "tandem-auto.log").read_text().count("loading") == 2
     assert len(rows) == 2 * 2 * 2
     assert {r["server"] for r in rows} == {"tandem-plain", "tandem-auto"}
     assert all(r["tokens"] > 1 and r["decode_s"] > 0 and r["ttft_s"] > 0 and r["text"] for r in rows)
