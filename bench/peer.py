@@ -32,7 +32,6 @@ import json
 import os
 import shlex
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -44,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.agent import free_port
 from bench.run import DEFAULT_PROMPTS, load_prompts
 
 READY_TIMEOUT = 600.0  # seconds for a server to load its models
@@ -85,12 +85,6 @@ def servers(setup: Setup, extra: Sequence[str] = ()) -> dict[str, list[str]]:
             name, _, args = spec.partition("=")
             out[f"llama-{name}"] = [*llama, *shlex.split(args)]
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
