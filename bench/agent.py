@@ -68,6 +68,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_healthy(process: subprocess.Popen | None, port: int, log: Path, name: str, timeout: float) -> None:
+    """Until the server on ``port`` answers ``/health`` with 200 (``tandem serve`` and llama.cpp's
+    ``llama-server`` both answer 503 while they load); a clear stop if it exits or takes too long."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if process is None or process.poll() is not None:
+            raise SystemExit(f"{name} exited: {log.read_text(errors='replace')[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except OSError:  # not listening yet, or 503 while it loads
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{name} did not load in {timeout:.0f} s")
+        time.sleep(0.3)
+
+
 @dataclass
 class Server:
     """``tandem serve`` for one mode, as a subprocess on 127.0.0.1 with its own data folder."""
@@ -105,19 +123,7 @@ class Server:
         """Until ``/health`` says the engine is ready; then a short warm-up request."""
         import openai
 
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.process is None or self.process.poll() is not None:
-                raise SystemExit(f"tandem serve ({self.mode}) exited: {self.log.read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:  # not listening yet, or 503 while it loads
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit(f"tandem serve ({self.mode}) did not load in {timeout:.0f} s")
-            time.sleep(0.3)
+        wait_healthy(self.process, self.port, self.log, f"tandem serve ({self.mode})", timeout)
         base = f"http://127.0.0.1:{self.port}/v1"
         self.api = openai.OpenAI(base_url=base, api_key="none", max_retries=0, timeout=1800)
         self.api.chat.completions.create(

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.agent import free_port
+from bench.agent import free_port, wait_healthy
 from bench.run import DEFAULT_PROMPTS, load_prompts
 
 READY_TIMEOUT = 600.0  # seconds for a server to load its models
@@ -108,23 +108,10 @@ class Server:
         return self
 
     def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
-        """Until ``/health`` answers 200 (both servers answer 503 while they load)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.process is None or self.process.poll() is not None:
-                raise SystemExit(f"{self.name} exited: {self.log.read_text(errors='replace')[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
-                    ready = r.status == 200
-                if ready:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/v1/models", timeout=5) as r:
-                        self.model = json.load(r)["data"][0]["id"]
-                    return
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit(f"{self.name} did not load in {timeout:.0f} s")
-            time.sleep(0.3)
+        """Until it is loaded; then the model id it serves."""
+        wait_healthy(self.process, self.port, self.log, self.name, timeout)
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/v1/models", timeout=5) as r:
+            self.model = json.load(r)["data"][0]["id"]
 
     def stop(self) -> None:
         if self.process is None:
@@ -352,6 +339,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="JSON results")
     args = p.parse_args(argv)
     from bench.run import machine
+
+    if args.llama_server and not (
+        Path(args.llama_server).is_file() and os.access(args.llama_server, os.X_OK)
+    ):
+        p.error(f"--llama-server: no executable at {args.llama_server} (building it: docs/developing.md)")
 
     setup = Setup(
         args.target,
