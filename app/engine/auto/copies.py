@@ -19,7 +19,15 @@ from app.engine.auto.acceptance import AtBreaks, CopyBreaks, ReplyAcceptance, lo
 from app.engine.auto.costs import CostModel
 from app.engine.auto.evidence import COPIERS, Evidence, Kind
 from app.engine.auto.planner import Plan, best_length
-from app.engine.auto.priors import COPYING, FIRST_LOOKUP, RESUME, RESUME_BELOW, RESUME_SHIFT
+from app.engine.auto.priors import (
+    AMBIGUOUS,
+    COPYING,
+    FIRST_LOOKUP,
+    LOOKUP_CLASSES,
+    RESUME,
+    RESUME_BELOW,
+    RESUME_SHIFT,
+)
 from app.engine.drafting.base import Outcome, Proposal
 from app.engine.events import Action, Decision, Declined, Policy, Source
 
@@ -57,15 +65,16 @@ class CopyRounds:
         """The kind and diagonal (None: from the history) of a copy offered this round."""
         if found.source is Source.LOOKUP:
             diagonal = len(tokens) - found.origin
-            return (Source.LOOKUP, self.lookup_class(found.match, diagonal)), diagonal
+            return (Source.LOOKUP, self.lookup_class(found.match, diagonal, found.ambiguous)), diagonal
         return (found.source, lookup_class(found.match)), None
 
-    def lookup_class(self, match: int, diagonal: int) -> int:
-        """The class of a lookup draft copied after a ``match``-token match on this ``diagonal``."""
+    def lookup_class(self, match: int, diagonal: int, ambiguous: bool = False) -> int:
+        """The class of a lookup draft copied after a ``match``-token match on this ``diagonal``
+        (``ambiguous``: other occurrences matching as far go on differently)."""
         last = self.diagonal
         if match < RESUME_BELOW and last is not None and abs(diagonal - last) <= RESUME_SHIFT:
             return RESUME
-        return lookup_class(match)
+        return AMBIGUOUS if ambiguous and match < LOOKUP_CLASSES[3][0] else lookup_class(match)
 
     def plan(self, tokens: Sequence[int], found: Proposal, at_breaks: frozenset[int] = frozenset()) -> Plan:
         """The best draft of this copy at its class's acceptance (tokens copied from where this reply
@@ -173,7 +182,7 @@ class CopyRounds:
         """The kind, diagonal, acceptance estimate and room of a copy ``found`` to follow a draft of
         ``k`` tokens after ``tokens`` (judged as a copy at that place, given the draft was right)."""
         diagonal = len(tokens) + k - found.origin
-        kind: Kind = (Source.LOOKUP, self.lookup_class(found.match, diagonal))
+        kind: Kind = (Source.LOOKUP, self.lookup_class(found.match, diagonal, found.ambiguous))
         acc = self.evidence.estimate(*kind)
         at_breaks = self.breaks.at(found)
         view = AtBreaks(acc, at_breaks, self.breaks.rate()) if at_breaks else acc

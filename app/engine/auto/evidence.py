@@ -18,6 +18,7 @@ from typing import Any
 from app.engine.auto.acceptance import Acceptance, ReplyAcceptance
 from app.engine.auto.costs import Realized
 from app.engine.auto.priors import (
+    AMBIGUOUS_PRIOR,
     LOOKUP_CLASSES,
     LOSING_ERRORS,
     MODEL_CLASSES,
@@ -52,6 +53,7 @@ class Evidence:
             classes = [(sure, unsure) for _, sure, unsure in LOOKUP_CLASSES]
             if s in RESUMES:
                 classes.append((RESUME_PRIOR, RESUME_PRIOR))
+                classes.append((AMBIGUOUS_PRIOR, AMBIGUOUS_PRIOR))
             self.copied[s] = [
                 (
                     Acceptance(lookup_max, prior=unsure[0], prior_rest=unsure[1], weight=3.0),

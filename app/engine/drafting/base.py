@@ -37,6 +37,9 @@ class Proposal:
     decision: Decision | None = None  # what the drafter decided (None: the policy's choice stands)
     match: int = 0  # lookup: how many tokens of the context's end matched where the draft was copied
     origin: int = -1  # lookup: the context index the draft was copied from
+    # lookup: earlier occurrences that match as far back disagree on the next token (a coin flip
+    # between texts, not a copy in progress)
+    ambiguous: bool = False
     # tokens at the end copied where a model's draft ends (prompt lookup going on after it; their
     # ``match`` and ``origin`` are the copy's)
     copied: int = 0

@@ -197,13 +197,16 @@ class LookupDrafter:
                 # the longest match; of equally long ones, the one nearest the current copy's place
                 # (an edit that inserts text shifts the copy a little, and the source repeats itself)
                 d = self._diagonal
-                m, _, end = max(
+                found = [
                     (self._match_length(e, n, ahead), -abs(last - e - d) if d is not None else 0, e)
                     for e in ends
-                )
+                ]
+                m, _, end = max(found)
+                rep = self.replaced
+                # as long a match elsewhere going on with another token: a coin flip, not a copy
+                ambiguous = len({rep.get(toks[e], toks[e]) for mi, _, e in found if mi == m}) > 1
                 if not ahead:
                     self._diagonal = last - end
-                rep = self.replaced
                 cont = (
                     tuple(rep.get(t, t) for t in toks[end : end + k]) if rep else tuple(toks[end : end + k])
                 )
@@ -222,6 +225,7 @@ class LookupDrafter:
                     time.perf_counter() - t0,
                     match=m,
                     origin=end,
+                    ambiguous=ambiguous,
                 )
         return Proposal((), (), (), Source.LOOKUP, time.perf_counter() - t0)
 
