@@ -12,7 +12,10 @@ at least 1.3x on ``code_edit`` for lookup or auto). Then the same per prompt: ea
 replies (a mode's and plain decoding's, from one run) is taken from the run where that prompt's
 speedup was the median, and a category pools its prompts' pairs. A slowdown on a shared machine
 usually hits one prompt of one run; a category's median over runs still shows it when it hit
-different prompts of a category in two runs, a prompt's median does not.
+different prompts of a category in two runs, a prompt's median does not. Last, every repeat of every
+run pooled (tokens over seconds, with the range over repeats), and auto mode's replies that drafted
+nothing against plain's in the same repeat: the same llama.cpp work, so their spread is the
+machine's noise.
 """
 
 from __future__ import annotations
@@ -96,6 +99,43 @@ def per_prompt(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     return out
 
 
+def pooled(runs: list[dict[str, Any]]) -> dict[str, dict[str, tuple[float, float, float]]]:
+    """category -> mode -> (speedup over plain pooled over every repeat of every run, lowest and
+    highest over the repeats). A mode missing from some runs pools the repeats it ran in, against
+    plain decoding in the same repeats."""
+    groups: dict[tuple[str, str, tuple[int, int]], list[dict[str, Any]]] = {}
+    for i, summary in enumerate(runs):
+        for r in summary["_runs"]:
+            for c in (r["category"], "all"):
+                groups.setdefault((c, r["mode"], (i, r.get("repeat", 0))), []).append(r)
+    pairs: dict[tuple[str, str], list[tuple[list[dict[str, Any]], list[dict[str, Any]]]]] = {}
+    for (c, mode, rep), recs in sorted(groups.items()):
+        plain = groups.get((c, "plain", rep))
+        if plain:
+            pairs.setdefault((c, mode), []).append((recs, plain))
+    table: dict[str, dict[str, tuple[float, float, float]]] = {}
+    for (c, mode), reps in pairs.items():
+        by_rep = [_rate(recs) / _rate(plain) for recs, plain in reps]
+        mine = [r for recs, _ in reps for r in recs]
+        theirs = [r for _, plain in reps for r in plain]
+        table.setdefault(c, {})[mode] = (_rate(mine) / _rate(theirs), min(by_rep), max(by_rep))
+    return table
+
+
+def undrafted(runs: list[dict[str, Any]]) -> list[float]:
+    """Auto mode's speed over plain decoding's in the same repeat, for each reply where auto drafted
+    nothing (the same llama.cpp calls as plain decoding: what is left is the machine's noise and auto
+    mode's Python)."""
+    out = []
+    for summary in runs:
+        recs = {(r["id"], r.get("repeat", 0), r["mode"]): r for r in summary["_runs"]}
+        for (pid, rep, mode), r in recs.items():
+            plain = recs.get((pid, rep, "plain"))
+            if mode == "auto" and plain is not None and r["stats"].get("n_drafted", 1) == 0:
+                out.append(_rate([r]) / _rate([plain]))
+    return out
+
+
 def _rate(records: list[dict[str, Any]]) -> float:
     """Decode tokens per second pooled over replies."""
     return sum(r["stats"]["n_generated"] for r in records) / sum(r["stats"]["t_decode_s"] for r in records)
@@ -175,6 +215,35 @@ def report(runs: list[dict[str, Any]]) -> str:
                 cells = [f"{prompt_table[c][m]:.2f}x" if m in prompt_table[c] else "-" for m in modes]
                 lines.append(f"| {c} | " + " | ".join(cells) + " |")
             lines += ["", *targets(prompt_table, cats)]
+    pool = pooled(runs)
+    if "auto" in modes and all("auto" in pool.get(c, {}) for c in cats):
+        n_reps = len({(i, r.get("repeat", 0)) for i, s in enumerate(runs) for r in s["_runs"]})
+        lines += [
+            "",
+            f"Pooled over all {n_reps} repeats of the runs: tokens over seconds, speedup against plain in "
+            "the same repeats (range over the repeats).",
+            "",
+            "| category | " + " | ".join(modes) + " |",
+            "|" + "---|" * (len(modes) + 1),
+        ]
+        for c in cats:
+            cells = [
+                f"{pool[c][m][0]:.2f}x ({pool[c][m][1]:.2f}-{pool[c][m][2]:.2f})" if m in pool[c] else "-"
+                for m in modes
+            ]
+            lines.append(f"| {c} | " + " | ".join(cells) + " |")
+        lines += ["", *targets({c: {m: v[0] for m, v in pool[c].items()} for c in cats}, cats)]
+        alike = undrafted(runs)
+        if len(alike) > 1:
+            mean = statistics.fmean(alike)
+            sd = statistics.stdev(alike)
+            se = sd / len(alike) ** 0.5
+            lines += [
+                "",
+                f"Where auto drafted nothing ({len(alike)} replies: plain decoding's llama.cpp calls), "
+                f"its speed over plain's in the same repeat: {mean:.3f}x (standard error {se:.3f}; "
+                f"one reply's standard deviation {sd:.1%}, range {min(alike):.2f}-{max(alike):.2f}x).",
+            ]
     early: dict[tuple[str, str], dict[str, int]] = {}
     for r in runs:
         for pid, cat, mode, first in r["_diverged"]:

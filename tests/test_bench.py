@@ -115,6 +115,32 @@ def test_combine_per_prompt_takes_each_prompts_median_run() -> None:
     assert table["chat"]["plain"] == 1.0
 
 
+def test_combine_pools_every_repeat_and_measures_the_noise_where_auto_drafted_nothing() -> None:
+    """Two runs of two repeats: each mode against plain in the same repeat, pooled, with the range
+    over the four repeats; a mode run only in one run pools that run's repeats alone."""
+
+    def rec(rep: int, mode: str, seconds: float, drafted: int = 0) -> dict:
+        stats = {"n_generated": 10, "t_decode_s": seconds, "n_drafted": drafted}
+        return {"id": "a", "category": "chat", "mode": mode, "repeat": rep, "stats": stats}
+
+    first = {
+        "_runs": [rec(0, "plain", 1.0), rec(0, "auto", 1.0), rec(1, "plain", 1.0), rec(1, "auto", 0.5, 4)]
+    }
+    first["_runs"] += [rec(0, "spec3", 2.0), rec(1, "spec3", 2.0)]
+    second = {"_runs": [rec(0, "plain", 2.0), rec(0, "auto", 2.5), rec(1, "plain", 1.0), rec(1, "auto", 0.8)]}
+    table = combine.pooled([first, second])
+    speedup, low, high = table["chat"]["auto"]
+    assert speedup == pytest.approx(5.0 / 4.8) and (low, high) == (pytest.approx(0.8), pytest.approx(2.0))
+    assert table["all"]["auto"] == table["chat"]["auto"]
+    assert table["chat"]["spec3"] == (
+        pytest.approx(0.5),
+        pytest.approx(0.5),
+        pytest.approx(0.5),
+    )  # first run only
+    # auto drafted nothing in three replies: 1.0x, 0.8x and 1.25x of plain in the same repeat
+    assert sorted(combine.undrafted([first, second])) == [pytest.approx(0.8), 1.0, pytest.approx(1.25)]
+
+
 def test_combine_adds_runs_of_some_categories_to_their_medians_only(tmp_path, capsys) -> None:
     """A run with ``--categories`` counts for its categories, not for the others nor for "all"."""
 
