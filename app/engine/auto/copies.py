@@ -21,9 +21,9 @@ from app.engine.auto.evidence import COPIERS, Evidence, Kind
 from app.engine.auto.planner import Plan, best_length
 from app.engine.auto.priors import (
     AMBIGUOUS,
+    AMBIGUOUS_BELOW,
     COPYING,
     FIRST_LOOKUP,
-    LOOKUP_CLASSES,
     RESUME,
     RESUME_BELOW,
     RESUME_SHIFT,
@@ -74,7 +74,7 @@ class CopyRounds:
         last = self.diagonal
         if match < RESUME_BELOW and last is not None and abs(diagonal - last) <= RESUME_SHIFT:
             return RESUME
-        return AMBIGUOUS if ambiguous and match < LOOKUP_CLASSES[3][0] else lookup_class(match)
+        return AMBIGUOUS if ambiguous and match < AMBIGUOUS_BELOW else lookup_class(match)
 
     def plan(self, tokens: Sequence[int], found: Proposal, at_breaks: frozenset[int] = frozenset()) -> Plan:
         """The best draft of this copy at its class's acceptance (tokens copied from where this reply

@@ -24,11 +24,13 @@ RESUME = len(LOOKUP_CLASSES)
 RESUME_PRIOR = (0.75, 0.85)
 RESUME_SHIFT = 2  # tokens the edit may have inserted or deleted
 RESUME_BELOW = LOOKUP_CLASSES[2][0]  # matches this long are judged as copies in their own right
-# A match whose earlier occurrences, matching as far back, go on differently is judged in a class of
-# its own (after RESUME): teacher-forced over the recorded replies its first token was right 23 % of
-# the time (123 offers), against 50-99 % for the other copies of its match length.
+# A match under AMBIGUOUS_BELOW tokens whose earlier occurrences, matching as far back, go on
+# differently is judged in a class of its own (after RESUME): teacher-forced over the recorded replies
+# its first token was right 23 % of the time (123 offers), against 50-99 % for the other copies of its
+# match length. A longer match is a copy in progress, judged by its length.
 AMBIGUOUS = RESUME + 1
 AMBIGUOUS_PRIOR = (0.25, 0.8)
+AMBIGUOUS_BELOW = LOOKUP_CLASSES[3][0]
 RELAX = 0.995  # per round: evidence by class fades toward the prior (re-tries a class in time)
 RELAX_EVERY = 8  # rounds between two fadings (by RELAX to that power)
 
