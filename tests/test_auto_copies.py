@@ -294,7 +294,7 @@ def test_a_copy_that_goes_on_in_this_reply_is_drafted_further() -> None:
     from app.engine.auto.acceptance import ReplyAcceptance
 
     costs = Avx512Cpu(0.1, 0.0, 0.05)
-    first, rest = LOOKUP_CLASSES[1][1]  # a 3-5 token match where the target was sure
+    first, rest = LOOKUP_CLASSES[1][1]  # a 3-5 token match in a reply that is copying
 
     def pooled() -> Acceptance:
         return Acceptance(LOOKUP_MAX, prior=first, prior_rest=rest, weight=1e6)
@@ -440,7 +440,7 @@ def test_copies_offered_but_not_drafted_are_followed_as_evidence(monkeypatch) ->
     """Where short matches do not pay by their class's prior, a reply of records copies each earlier
     record undrafted. Each copy offered and not drafted is checked against the text that followed (at
     temperature 0, exactly what verifying it would have accepted), so the reply learns that its
-    copies hold, and drafts the later records' copies."""
+    copies hold (by class, and that it is copying), and drafts the later records' copies."""
     costs = SlowBatchCpu(0.03, 0.0, 0.016)
     keys = [10, 11, 12, 13, 14, 15, 16, 17]
 
@@ -454,6 +454,7 @@ def test_copies_offered_but_not_drafted_are_followed_as_evidence(monkeypatch) ->
     assert drafts and all(p.source == "lookup" for p in drafts)
     assert sum(len(p.tokens) for p in drafts) >= 3 * len(keys)  # later records' keys are drafted
     monkeypatch.setattr(CopyRounds, "follow", lambda self, tokens, end=False: None)
+    monkeypatch.setattr(CopyRounds, "check", lambda self, tokens, reply: self.breaks.check(tokens) and 0)
     blind = decode_teacher_forced(AutoDrafter(None, LookupDrafter(), costs=costs), prompt, reply, costs)
     assert not blind, "without following undrafted copies, the prior alone never drafts them"
 
@@ -509,3 +510,22 @@ def test_a_copy_after_the_draft_is_verified_losslessly_by_llama_cpp(tmp_path) ->
     after = [s for s in steps if s.decision.copied]
     assert after and all(s.drafter is Source.MODEL for s in after)
     assert any(s.n_accepted > s.n_drafted - s.decision.copied for s in after)  # copied tokens accepted
+
+
+def test_a_copy_is_judged_by_whether_the_reply_is_copying() -> None:
+    """A reply is copying while at least COVERED_SHARE of its tokens held to a copy lookup offered
+    before them (drafted or not). A 6-token match's copy is judged at that class's prior for a copying
+    reply there, and at the lower one in a reply that writes text of its own: on a CPU where a batch
+    of 2 costs 1.9 steps, only the first pays."""
+    costs = SlowBatchCpu(0.03, 0.0, 0.016)
+    prompt = list(range(100, 140))
+    match = list(range(120, 126))
+    copying = [*range(100, 120), *range(500, 510), *match]  # copies the prompt, then its own text
+    fresh = [*range(600, 630), *match]
+    for reply, drafts in ((copying, True), (fresh, False)):
+        auto = AutoDrafter(None, LookupDrafter(), costs=costs)
+        decode_teacher_forced(auto, prompt, reply, costs)
+        prop = auto.propose([*prompt, *reply], 3, None, None)  # type: ignore[arg-type]
+        assert (prop.decision.declined or prop.decision).match == len(match)
+        assert auto.evidence.copying == drafts
+        assert prop.tokens == ((126, 127, 128) if drafts else ()), prop.decision

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from app.engine.auto import Acceptance, AutoDrafter, AutoMemory, MeasuredCosts
+from app.engine.auto import LOOKUP_CLASSES, Acceptance, AutoDrafter, AutoMemory, MeasuredCosts
 from app.engine.drafting import LookupDrafter
 from app.engine.engine import Engine, GenerationSettings, LoadSettings
 from app.engine.events import Source
@@ -66,6 +66,13 @@ def test_costs_and_acceptance_restore_what_they_saved() -> None:
     assert fresh.evidence.pooled(Source.LOOKUP, 2, 1).alpha(5) == pytest.approx(copy.alpha(5))
     other = Acceptance(3)
     assert not other.restore(model.state())  # another shape: the prior stays
+    # copies saved when they were split by the target's sureness (as "copied") keep their priors
+    older = json.loads(json.dumps(auto.state()))
+    older["evidence"]["copied"] = older["evidence"].pop("copies")
+    before = AutoDrafter(None, LookupDrafter(), costs=costs)
+    before.restore(older)
+    assert before.evidence.pooled(Source.LOOKUP, 2, 1).alpha(5) == pytest.approx(LOOKUP_CLASSES[2][1][1])
+    assert before.evidence.predicted[Source.MODEL][0].overall() == pytest.approx(model.overall())
     fresh.restore({"evidence": {"predicted": {"model": "nonsense"}}, "model": {"overrun": "x"}})
 
 

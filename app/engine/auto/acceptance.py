@@ -232,13 +232,15 @@ class CopyBreaks:
         self.hits = self.trials = 0.0  # copied tokens that came from a break, and how many held
         self._offered: tuple[int, int, int, tuple[int, ...]] | None = None  # (length, origin, match, copy)
 
-    def check(self, tokens: Sequence[int]) -> None:
-        """Compare the last copy offered with the text that followed it (call before each lookup)."""
+    def check(self, tokens: Sequence[int]) -> tuple[int, int]:
+        """Compare the last copy offered with the text that followed it (call before each lookup):
+        where it started in the context and how many of its tokens the text has so far held to."""
         offered, self._offered = self._offered, None
         if offered is None or len(tokens) < offered[0]:
-            return
+            return 0, 0
         start, origin, match, copy = offered
-        for i in range(min(len(copy), len(tokens) - start)):
+        n = min(len(copy), len(tokens) - start)
+        for i in range(n):
             held = copy[i] == tokens[start + i]
             if origin + i in self.breaks:
                 self.trials += 1
@@ -246,7 +248,8 @@ class CopyBreaks:
             if not held:
                 if i or match >= RESUME_BELOW:
                     self.breaks.add(start + i)
-                return
+                return start, i
+        return start, n
 
     def offer(self, tokens: Sequence[int], found: Proposal) -> frozenset[int]:
         """Remember a copy to check next round; the offsets of its tokens copied from breaks."""

@@ -23,6 +23,7 @@ from app.engine.auto.priors import (
     AMBIGUOUS,
     AMBIGUOUS_BELOW,
     COPYING,
+    COVERED_SHARE,
     FIRST_LOOKUP,
     RESUME,
     RESUME_BELOW,
@@ -44,7 +45,7 @@ class CopyRounds:
         self.diagonal: int | None = None  # context index minus copied index of the last copy
         # the copy being verified: its kind and diagonal (None: from the history)
         self.round: tuple[Kind, int | None] = ((Source.LOOKUP, 0), 0)
-        # A copy offered and not drafted, followed against the text as it comes: (kind, sureness,
+        # A copy offered and not drafted, followed against the text as it comes: (kind, copying,
         # diagonal, context index where it starts, the copy).
         self.undrafted: tuple[Kind, int, int | None, int, tuple[int, ...]] | None = None
         self.begin()
@@ -60,6 +61,19 @@ class CopyRounds:
         self.diagonal = None
         self.breaks.begin()
         self.undrafted = None
+        self.covered = 0  # tokens of this reply that a copy offered before them held to
+        self._covered_to = 0  # the context index up to which they were counted
+
+    def check(self, tokens: Sequence[int], reply: int) -> int:
+        """Check the last copy offered against the text that followed it; whether this reply is
+        copying (of its ``reply`` tokens so far, at least ``COVERED_SHARE`` held to a copy offered
+        before them: the split of each copy class's evidence)."""
+        start, held = self.breaks.check(tokens)
+        if held:
+            begin = max(start, self._covered_to)
+            self.covered += max(0, start + held - begin)
+            self._covered_to = max(self._covered_to, start + held)
+        return int(self.covered >= COVERED_SHARE * reply)
 
     def kind(self, tokens: Sequence[int], found: Proposal) -> tuple[Kind, int | None]:
         """The kind and diagonal (None: from the history) of a copy offered this round."""
@@ -129,7 +143,7 @@ class CopyRounds:
             self._every[kind] = 1
         if plan.k == 0:
             if self.undrafted is None:
-                self.undrafted = (kind, self.evidence.sure, diagonal, len(tokens), found.tokens)
+                self.undrafted = (kind, self.evidence.copying, diagonal, len(tokens), found.tokens)
             return None, Declined(found.source, found.match, losing)
         n = plan.k
         if self.undrafted is not None:
@@ -161,7 +175,7 @@ class CopyRounds:
         at ``end``: this round drafts), count what drafting it would have got as evidence."""
         if self.undrafted is None:
             return
-        (source, c), sure, diagonal, start, copy = self.undrafted
+        (source, c), copying, diagonal, start, copy = self.undrafted
         n = min(len(copy), len(tokens) - start)
         held = 0
         while held < n and copy[held] == tokens[start + held]:
@@ -172,7 +186,7 @@ class CopyRounds:
         drafted = held if held == n and end else n
         if drafted == 0:
             return
-        self.evidence.estimate(source, c, sure).observe(drafted, held)
+        self.evidence.estimate(source, c, copying).observe(drafted, held)
         if held and diagonal is not None:
             self.diagonal = diagonal  # a copy in progress: a short match after an edit resumes it
 
@@ -190,7 +204,7 @@ class CopyRounds:
 
     def observe_after(self, kind: Kind, diagonal: int, n_drafted: int, n_accepted: int) -> None:
         """Learn from a copy verified after a draft that was accepted whole."""
-        self.evidence.pooled(*kind, self.evidence.sure).observe(n_drafted, n_accepted, ())
+        self.evidence.pooled(*kind, self.evidence.copying).observe(n_drafted, n_accepted, ())
         self.evidence.estimate(*kind).observe(n_drafted, n_accepted)
         if n_accepted:
             self.diagonal = diagonal
@@ -200,6 +214,6 @@ class CopyRounds:
         (source, c), diagonal = self.round
         if outcome.n_accepted and diagonal is not None:
             self.diagonal = diagonal
-        pooled = self.evidence.pooled(source, c, self.evidence.sure)
+        pooled = self.evidence.pooled(source, c, self.evidence.copying)
         pooled.observe(outcome.n_drafted, outcome.n_accepted, proposal.confidence)
         self.evidence.estimate(source, c).observe(outcome.n_drafted, outcome.n_accepted)

@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from app.engine.auto.acceptance import model_class
 from app.engine.auto.copies import CopyRounds
 from app.engine.auto.costs import CostModel, DraftCosts, MeasuredCosts
 from app.engine.auto.evidence import COPIERS, PLAIN, Evidence, Kind
@@ -41,7 +40,6 @@ from app.engine.auto.priors import (
     CONFIDENCE_FLOOR,
     CONFIDENCE_WINDOW,
     LOOKUP_MAX,
-    MODEL_CLASSES,
     RELAX,
     RELAX_EVERY,
     REPLY_MIN,
@@ -163,8 +161,7 @@ class AutoDrafter:
         if self._n_rounds % RELAX_EVERY == 0:  # in steps of a few rounds: it touches every class's arrays
             for acc in self.evidence.every():
                 acc.relax(RELAX**RELAX_EVERY)
-        self.evidence.sure = int(model_class(self.target_confidence) == len(MODEL_CLASSES) - 1)
-        self.copies.breaks.check(tokens)
+        self.evidence.copying = self.copies.check(tokens, len(tokens) - self._prompt_len)
         self.copies.follow(tokens)
         for rounds in self.predictors:
             rounds.judge_cut(tokens)

@@ -3,7 +3,7 @@
 A *kind* of round is a source and a class of situation (``(Source.MODEL, 2)``: the draft model where
 the target was sure; ``(Source.LOOKUP, 0)``: a copy after a short match; ``(Source.NONE, 0)``: plain
 rounds). :class:`Evidence` holds, per kind, the pooled acceptance (over replies; copies also by
-whether the target was sure of the last tokens), this reply's own estimates on top of it, and what
+whether the reply is copying), this reply's own estimates on top of it, and what
 recent rounds of each kind really delivered. A new source is a line in :data:`PREDICTORS` (drafters
 that predict, judged by the target's confidence like the draft model) or :data:`COPIERS` (drafters
 that copy text, judged by the match they copied after).
@@ -46,25 +46,25 @@ class Evidence:
             s: [Acceptance(n_max, prior=p, weight=3.0) for _, p in MODEL_CLASSES] for s in PREDICTORS
         }
         self.calibration = {s: Acceptance(n_max) for s in PREDICTORS}
-        # copiers: by match length (and a resume class), each split by the target's sureness
-        # (index 1: sure, 0: not)
+        # copiers: by match length (and a resume class), each split by whether the reply is copying
+        # (index 1: it is, 0: not; see CopyRounds.check)
         self.copied: dict[Source, list[tuple[Acceptance, Acceptance]]] = {}
         for s in COPIERS:
-            classes = [(sure, unsure) for _, sure, unsure in LOOKUP_CLASSES]
+            classes = [(copying, other) for _, copying, other in LOOKUP_CLASSES]
             if s in RESUMES:
                 classes.append((RESUME_PRIOR, RESUME_PRIOR))
                 classes.append((AMBIGUOUS_PRIOR, AMBIGUOUS_PRIOR))
             self.copied[s] = [
                 (
-                    Acceptance(lookup_max, prior=unsure[0], prior_rest=unsure[1], weight=3.0),
-                    Acceptance(lookup_max, prior=sure[0], prior_rest=sure[1], weight=3.0),
+                    Acceptance(lookup_max, prior=other[0], prior_rest=other[1], weight=3.0),
+                    Acceptance(lookup_max, prior=copying[0], prior_rest=copying[1], weight=3.0),
                 )
-                for sure, unsure in classes
+                for copying, other in classes
             ]
         self.realized: dict[Kind, Realized] = {PLAIN: Realized(16)}
         self.realized.update({k: Realized(6) for k in self.kinds()})
         self.reply: dict[tuple[Source, int, int], ReplyAcceptance] = {}  # this reply's, by class
-        self.sure = 0  # whether the target was sure of the last tokens when this round was planned
+        self.copying = 0  # whether the reply was copying when this round was planned
 
     def kinds(self, sources: tuple[Source, ...] | None = None) -> Iterator[Kind]:
         """Every drafting kind (of ``sources`` only, if given)."""
@@ -72,10 +72,10 @@ class Evidence:
             if sources is None or s in sources:
                 yield from ((s, c) for c in range(len(classes)))
 
-    def pooled(self, source: Source, c: int, sure: int = 0) -> Acceptance:
-        """The pooled acceptance of class ``c`` of ``source`` (copies: where the target was ``sure``)."""
+    def pooled(self, source: Source, c: int, copying: int = 0) -> Acceptance:
+        """The pooled acceptance of class ``c`` of ``source`` (copies: in a reply that is ``copying``)."""
         if source in self.copied:
-            return self.copied[source][c][sure]
+            return self.copied[source][c][copying]
         return self.predicted[source][c]
 
     def every(self) -> Iterator[Acceptance]:
@@ -90,15 +90,15 @@ class Evidence:
         """A new reply: its own estimates start from the pooled ones."""
         self.reply.clear()
 
-    def estimate(self, source: Source, c: int, sure: int | None = None) -> ReplyAcceptance:
-        """Acceptance in this reply for class ``c`` of ``source`` (copies also by the target's
-        sureness: this round's unless ``sure`` is given)."""
+    def estimate(self, source: Source, c: int, copying: int | None = None) -> ReplyAcceptance:
+        """Acceptance in this reply for class ``c`` of ``source`` (copies also by whether the reply
+        is copying: as this round found unless ``copying`` is given)."""
         copies = source in self.copied
-        sure = (self.sure if sure is None else sure) if copies else 0
-        key = (source, c, sure)
+        copying = (self.copying if copying is None else copying) if copies else 0
+        key = (source, c, copying)
         est = self.reply.get(key)
         if est is None:
-            pooled = self.pooled(source, c, sure)
+            pooled = self.pooled(source, c, copying)
             est = self.reply[key] = ReplyAcceptance(pooled, REPLY_WEIGHT[copies], copies=copies)
         return est
 
@@ -140,7 +140,9 @@ class Evidence:
         return {
             "predicted": {s.value: [a.state() for a in accs] for s, accs in self.predicted.items()},
             "calibration": {s.value: a.state() for s, a in self.calibration.items()},
-            "copied": {
+            # by whether the reply is copying (saved as "copied" when split by the target's sureness,
+            # which is not restored into this split)
+            "copies": {
                 s.value: [[a.state() for a in pair] for pair in pairs] for s, pairs in self.copied.items()
             },
         }
@@ -148,7 +150,7 @@ class Evidence:
     def restore(self, state: dict[str, Any]) -> None:
         """Take a saved :meth:`state`'s evidence where its shape matches (a source or class the state
         does not have keeps its prior)."""
-        predicted, calibration, copied = (state.get(k) or {} for k in ("predicted", "calibration", "copied"))
+        predicted, calibration, copied = (state.get(k) or {} for k in ("predicted", "calibration", "copies"))
         for s, accs in self.predicted.items():
             for a, saved in zip(accs, predicted.get(s.value) or [], strict=False):
                 a.restore(saved)
