@@ -52,7 +52,7 @@ class Evidence:
         for s in COPIERS:
             classes = [(copying, other) for _, copying, other in LOOKUP_CLASSES]
             if s in RESUMES:
-                classes.append((RESUME_PRIOR, RESUME_PRIOR))
+                classes.append(RESUME_PRIOR)
                 classes.append((AMBIGUOUS_PRIOR, AMBIGUOUS_PRIOR))
             self.copied[s] = [
                 (

@@ -26,7 +26,7 @@ COVERED_SHARE = 0.3
 # A short match on the diagonal of the last accepted copy (give or take RESUME_SHIFT tokens) resumes
 # that copy after a small edit; it is judged in a class of its own.
 RESUME = len(LOOKUP_CLASSES)
-RESUME_PRIOR = (0.75, 0.85)
+RESUME_PRIOR = ((0.78, 0.87), (0.67, 0.69))  # in a reply that is copying, and in one that is not
 RESUME_SHIFT = 2  # tokens the edit may have inserted or deleted
 RESUME_BELOW = LOOKUP_CLASSES[2][0]  # matches this long are judged as copies in their own right
 # A match under AMBIGUOUS_BELOW tokens whose earlier occurrences, matching as far back, go on
