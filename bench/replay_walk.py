@@ -20,9 +20,9 @@ rounds (:class:`LiveCosts`):
   kernels and graphs; ``COLD_BATCH`` of it in the target's batch, which auto mode times);
 - a plain round after a drafted one is not queued, and took ``RESTART`` steps more on average (0 or
   about 1: the graphs for a single token rebuilt);
-- each of auto mode's plain rounds costs ``OVERHEAD`` more than plain decoding's (its planning, not
-  all of it hidden behind the queued step: 2-3 % on the H200 after the confidence rows were read
-  after queuing, 8-12 % before).
+- each of auto mode's plain rounds costs ``OVERHEAD`` more than plain decoding's where it reads the
+  target's confidence (the rows are read before the next step is queued: 2-3 % on the H200), and
+  ``UNREAD`` more where it does not (its planning, hidden behind the queued step: 0.4 %).
 
 Auto mode starts from the costs the engine held after loading the pair where the record has them
 (``loaded_costs``), else from the check's table as the load's warm-up would time it, and learns from
@@ -37,7 +37,7 @@ import json
 import random
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,10 @@ WASTED = 1.0  # steps: the queued step a drafting round discards
 COLD = 1.1
 COLD_BATCH = 0.45
 RESTART = 0.6  # steps: what a plain round after a drafted one took beyond a queued one (mean)
-OVERHEAD = 0.03  # auto mode's plain rounds against plain decoding's (H200, 2026-11-27, after)
+# auto mode's plain rounds against plain decoding's, reading the target's confidence (H200, 2026-11-27)
+# and not (in process, 2026-11-28: 0.996x of plain, five interleaved repeats)
+OVERHEAD = 0.03
+UNREAD = 0.004
 
 
 class LiveCosts(TableCosts):
@@ -70,6 +73,7 @@ class LiveCosts(TableCosts):
     ):
         super().__init__(ratios, draft)
         self.overhead, self.wasted, self.cold, self.restart = overhead, wasted, cold, restart
+        self.reads: Callable[[], bool] = lambda: True  # whether auto mode reads the target's confidence
 
     def switch(self, drafted_last: bool | None, drafts: bool) -> tuple[float, float]:
         if drafts:
@@ -77,7 +81,9 @@ class LiveCosts(TableCosts):
                 in_batch = min(COLD_BATCH, self.cold)
                 return in_batch, self.wasted + self.cold - in_batch
             return 0.0, 0.0
-        return 0.0, self.restart if drafted_last else self.overhead
+        if drafted_last:
+            return 0.0, self.restart
+        return 0.0, self.overhead if self.reads() else UNREAD
 
 
 def walk_reply(q: float, shapes: str = "real", max_tokens: int = 256) -> Reply:
@@ -136,6 +142,8 @@ def replay_pair(
 
     draft = ReplayDraft(costs)
     auto = AutoDrafter(draft, LookupDrafter(), costs=loaded or costs)
+    if isinstance(costs, LiveCosts):
+        costs.reads = lambda: auto.wants_target_confidence > 0
     params = SamplingParams()
     counts: Counter[str] = Counter()
 

@@ -17,6 +17,7 @@ from auto_doubles import (
     SyntheticCosts,
 )
 
+from app.engine import sampling
 from app.engine.auto import (
     MODEL_CLASSES,
     Acceptance,
@@ -66,6 +67,23 @@ def test_auto_with_expensive_verify_pauses_drafting_and_says_why(engines) -> Non
     # verifying b tokens costs b plain steps: the model cannot pay even at 98% acceptance, so it is
     # never run (not even to probe)
     assert not [s for s in st if s.drafter == "model"]
+
+
+def test_auto_reads_the_targets_confidence_only_while_a_draft_could_pay(engines, monkeypatch) -> None:
+    """The target's confidence only picks the draft model's class; where the next step is queued its
+    rows are read before the queue (2 % of a step on a fast GPU). Priced out, the model needs none."""
+    reads: list[int] = []
+    real = sampling.top_probability
+    monkeypatch.setattr(sampling, "top_probability", lambda *a, **kw: reads.append(1) or real(*a, **kw))
+    cheap, dear = engines
+    for p in PROMPTS:
+        steps(dear, p, n_max=6)
+    auto = dear._drafter(GenerationSettings(mode="auto", n_max=6))
+    assert auto.wants_target_confidence == 0 and not auto.target_confidence and not reads
+    st = steps(cheap, PROMPTS[0], n_max=6)
+    auto = cheap._drafter(GenerationSettings(mode="auto", n_max=6))
+    assert auto.wants_target_confidence > 0 and len(auto.target_confidence) == auto.wants_target_confidence
+    assert len(reads) >= len(st)  # every round's last tokens (and the draft's own, where it drafted)
 
 
 def test_auto_probes_a_paused_draft_in_a_long_reply(tiny_pair) -> None:
@@ -267,7 +285,9 @@ def test_a_draft_cut_to_nothing_is_judged_by_the_token_the_target_chose_and_coun
 
 
 def test_the_loop_reports_the_targets_confidence_to_auto_mode(tiny_pair) -> None:
-    with Engine(LoadSettings(str(tiny_pair.target), str(tiny_pair.draft), n_ctx=2048)) as eng:
+    # at costs where the draft model could pay (priced out, it needs none: the test above)
+    settings = LoadSettings(str(tiny_pair.target), str(tiny_pair.draft), n_ctx=2048)
+    with Engine(settings, costs=GPU_LIKE) as eng:
         auto = eng._drafter(GenerationSettings(mode="auto", n_max=6))
         seen: list[float] = []
         observe = auto.observe

@@ -59,8 +59,6 @@ class AutoDrafter:
     """Chooses, per round, between prompt lookup, the history, the draft model and not drafting."""
 
     name = "auto"
-    # the speculative loop reports the target's confidence in this many of each round's last tokens
-    wants_target_confidence = CONFIDENCE_WINDOW
     target_confidence_floor = CONFIDENCE_FLOOR  # exact at or above it; below it, an upper bound
 
     def __init__(
@@ -120,6 +118,17 @@ class AutoDrafter:
         self.rest = 0  # tokens this reply is expected to produce still (see REPLY_MIN)
         self._after: tuple[Kind, int] | None = None  # the kind and diagonal of a copy after a draft
         self._prompt_len = 0
+
+    @property
+    def wants_target_confidence(self) -> int:
+        """How many of each round's last tokens the loop is to report the target's confidence in:
+        the last few while a predictor (the draft model, a head) could pay, none while each is priced
+        out (:meth:`ModelRounds.cannot_pay`) or there is none. The confidence only picks a predictor's
+        class, and reading it is not free where the next step is queued: the rows are read before
+        the queue, 2 % of a 7B model's step on an H200 (``docs/benchmarks.md``)."""
+        if any(not r.priced_out for r in self.predictors):
+            return CONFIDENCE_WINDOW
+        return 0
 
     def begin(self, prompt: Sequence[int]) -> float:
         self.target_confidence.clear()
@@ -242,7 +251,10 @@ class AutoDrafter:
     def observe(self, proposal: Proposal, outcome: Outcome) -> None:
         if outcome.timed:
             self.costs.observe_verify(outcome.batch, outcome.t_verify)
-        self.target_confidence.extend(outcome.confidence)
+        if self.wants_target_confidence:
+            self.target_confidence.extend(outcome.confidence)
+        else:  # not read while priced out: the class starts afresh when a predictor could pay again
+            self.target_confidence.clear()
         rounds = next((r for r in self.predictors if r.source is proposal.source), None)
         probing = rounds is not None and rounds.probing
         kind: Kind = PLAIN

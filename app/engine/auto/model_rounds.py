@@ -72,6 +72,9 @@ class ModelRounds:
         # how sure the target was of its last tokens (the drafter's, shared)
         self.target_conf = target_conf if target_conf is not None else deque(maxlen=CONFIDENCE_WINDOW)
         self.cls = 0  # the class of the round being drafted
+        # whether the last round planned found that even a draft always right would not pay (then
+        # the target's confidence, which only picks a class, is not worth reading)
+        self.priced_out = False
         self._class_share = [1 / len(MODEL_CLASSES)] * len(MODEL_CLASSES)  # this reply's rounds, by class
         self.amortized = 1.0  # rounds the last catch-up was spread over
         self._runs: deque[int] = deque(maxlen=SERVED_RUNS + 1)  # model rounds per catch-up, this reply
@@ -172,7 +175,7 @@ class ModelRounds:
         self.amortized = 1.0  # until this round's catch-up is planned (none while measuring)
         self._class_share = [0.9 * x + 0.1 * (i == c) for i, x in enumerate(self._class_share)]
         acc = self.evidence.estimate(self.source, c)
-        self.probing = self.cut = False
+        self.probing = self.cut = self.priced_out = False
         if d is None or self.costs.verify(2) is None:
             if self.costs.verify(1) is None:
                 return Action.MEASURE
@@ -180,6 +183,7 @@ class ModelRounds:
             decision = Decision(Action.MEASURE, Policy.AUTO, self.source, k=plan.k)
         elif self.cannot_pay(d, limit):
             self._judge_probe()
+            self.priced_out = True
             return Action.PAUSED
         else:
             catch_up = self.catch_up(tokens, d, rest, copy_share)
