@@ -23,7 +23,7 @@ from typing import Any
 
 from app.engine.auto import LOOKUP_MAX
 from bench.modes import FIXED, MODES, collect, parse_modes, reply_record, warm_up
-from bench.summary import best_fixed_table, markdown_tables, print_tables, summarize
+from bench.summary import best_fixed_table, markdown_tables, print_tables, summarize, whole_reply_table
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PROMPTS = Path(__file__).with_name("prompts.jsonl")
@@ -329,6 +329,9 @@ def main(args: argparse.Namespace) -> int:
         if mode in modes and any(m in modes for m in FIXED):
             print(f"\n{mode} against the best fixed setting of the run, per category:\n")
             print(best_fixed_table(data["summary"], mode))
+    if "plain" in modes and len(modes) > 1:
+        print("\nprompt processing over plain decoding's, and the whole reply's speedup, prompt included:\n")
+        print(whole_reply_table(data["summary"], modes))
     if not args.no_rss:
         from bench.rss import peak_rss
 

@@ -24,6 +24,9 @@ def pooled(rs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     llama = sum(r["stats"]["t_llama_s"] for r in rs)
     compared = [r for r in rs if r["same_as_plain"] is not None]
     out: dict[str, Any] = {
+        # seconds to process the prompts (target and draft), and to the whole replies with them
+        "t_prompt": sum(r["stats"].get("t_prompt_s", 0.0) for r in rs),
+        "t_reply": sum(r["stats"].get("t_prompt_s", 0.0) + r["stats"]["t_decode_s"] for r in rs),
         "tok_s": tokens / t if t else 0.0,
         "tokens": tokens,
         "acceptance": accepted / drafted if drafted else 0.0,
@@ -57,9 +60,14 @@ def summarize(data: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
             "max_gap_at_difference": max((r.get("top2_gap_at_difference", 0.0) for r in rs), default=0.0),
         }
     for modes in out.values():
-        base = modes.get("plain", {}).get("tok_s")
+        plain = modes.get("plain", {})
+        base = plain.get("tok_s")
         for v in modes.values():
             v["speedup"] = v["tok_s"] / base if base else float("nan")
+            # the same prompts, repeats and (losslessly) replies: ratios of summed seconds
+            if plain.get("t_prompt") and v["t_reply"]:
+                v["prompt_ratio"] = v["t_prompt"] / plain["t_prompt"]
+                v["reply_speedup"] = plain["t_reply"] / v["t_reply"]
     for cat, spread in repeat_spread(data).items():
         for mode, values in spread.items():
             out[cat][mode].update(values)
@@ -185,4 +193,25 @@ def best_fixed_table(summary: dict[str, dict[str, dict[str, Any]]], mode: str = 
             f"| {cat} | {v['best_fixed']} | {cell(best, 'speedup', 'speedup_range')} "
             f"| {cell(v, 'speedup', 'speedup_range')} | {cell(v, 'vs_best', 'vs_best_range')} |"
         )
+    return "\n".join(lines)
+
+
+def whole_reply_table(summary: dict[str, dict[str, dict[str, Any]]], modes: list[str]) -> str:
+    """Markdown: per category, each mode's time to process the prompt over plain decoding's, and its
+    speedup over plain over the whole reply, prompt included (decode speed leaves the prompt out: a
+    draft that evaluates the prompt too costs there)."""
+    shown = [m for m in modes if m != "plain"]
+    cats = [*sorted(c for c in summary if c != "all"), "all"]
+    lines = [
+        "| category | " + " | ".join(f"{m}: prompt time, whole reply" for m in shown) + " |",
+        "|---|" + "---|" * len(shown),
+    ]
+    for cat in cats:
+        row = summary[cat]
+        cells = []
+        for m in shown:
+            v = row.get(m, {})
+            ok = "prompt_ratio" in v
+            cells.append(f"{v['prompt_ratio']:.2f}x, {v['reply_speedup']:.2f}x" if ok else "-")
+        lines.append(f"| {cat} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -43,6 +43,14 @@ def test_bench_runs_every_mode_and_combine_reports_medians(tiny_pair, tmp_path, 
     assert {r["mode"] for r in data["runs"]} == {"plain", "spec3", "lookup", "auto"}
     assert all(r["same_as_plain"] or r["top2_gap_at_difference"] < 1e-3 for r in data["runs"])
     assert data["summary"]["all"]["plain"]["speedup"] == 1.0
+    # over the whole reply too: the prompt's processing (the draft's with the target's) and the decode
+    assert "| category | spec3: prompt time, whole reply | lookup: prompt time, whole reply |" in printed
+    runs = [r for r in data["runs"] if r["category"] == "chat"]
+    t = {
+        m: sum(r["stats"]["t_prompt_s"] + r["stats"]["t_decode_s"] for r in runs if r["mode"] == m)
+        for m in ("plain", "spec3")
+    }
+    assert data["summary"]["chat"]["spec3"]["reply_speedup"] == pytest.approx(t["plain"] / t["spec3"])
     # each prompt takes the next row of the balanced orders; a run's shift moves every prompt on a row
     second = json.loads((tmp_path / "b.json").read_text())
     place = {(r["id"], r["mode"]): r["position"] for r in data["runs"]}
