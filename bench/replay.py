@@ -121,6 +121,7 @@ class ReplayDraft:
         self._reply: Reply | None = None
         self._text: list[int] = []  # the text of the reply being replayed (or the last), as far as seen
         self._seen = 0  # tokens of the text in the draft's cache
+        self.spent = 0.0  # seconds the last prompt's processing took (none where it is caught up later)
 
     def start(self, reply: Reply) -> None:
         if len(reply.draft) != len(reply.tokens):
@@ -129,13 +130,16 @@ class ReplayDraft:
 
     def begin(self, prompt: Sequence[int], *, evaluate: bool = True) -> float:
         """As :meth:`ModelDrafter.begin`: the cache keeps what this prompt shares with the last text
-        (a chat template's opening), and evaluates the rest now or (``evaluate=False``) lazily."""
+        (a chat template's opening), and evaluates the rest now, charged as one batch (the steps
+        returned and kept in ``spent``), or (``evaluate=False``) lazily, as a catch-up."""
         from app.engine.drafting import common_prefix
 
         kept = common_prefix(self._text[: self._seen], prompt)
         self._seen = max(kept, len(prompt) - 1) if evaluate else kept
         self._text = list(prompt)
-        return 0.0  # prompt processing is not replayed
+        n = len(prompt) - 1 - kept if evaluate else 0
+        self.spent = STEP * self.costs.draft_batch(n) if n > 0 else 0.0  # the prompt's processing
+        return self.spent
 
     def pending(self, tokens: Sequence[int]) -> int:
         return max(1, len(tokens) - self._seen)
@@ -193,7 +197,7 @@ def _replay(
     replies: Sequence[Reply],
     costs: TableCosts,
     max_tokens: int,
-    begin: Callable[[Reply], None],
+    begin: Callable[[Reply], float | None],
     propose: Callable[[list[int], int], Proposal],
     observe: Callable[[Proposal, Any], None] | None = None,
 ) -> tuple[Result, dict[str, float]]:
@@ -203,8 +207,8 @@ def _replay(
     out: Result = {}
     per: dict[str, float] = {}
     for r in replies:
-        begin(r)
-        pos, cost = 0, 0.0
+        spent = begin(r)
+        pos, cost = 0, (spent or 0.0) / STEP
         drafted_last: bool | None = None
         while pos < len(r.tokens):
             room = max_tokens - pos - 1
@@ -249,10 +253,13 @@ def replay_auto_replies(
     auto = AutoDrafter(draft, LookupDrafter(stops=replies[0].stops if replies else ()), costs=costs)
     params = SamplingParams()
 
-    def begin(r: Reply) -> None:
-        if draft is not None:
-            draft.start(r)
+    def begin(r: Reply) -> float:
+        if draft is None:
+            auto.begin(r.prompt)
+            return 0.0
+        draft.start(r)
         auto.begin(r.prompt)
+        return draft.spent
 
     return _replay(
         replies, costs, max_tokens, begin, lambda t, room: auto.propose(t, room, params, None), auto.observe
@@ -265,9 +272,9 @@ def replay_fixed(
     """The same for drafting ``k`` tokens with the draft model every round (``spec3`` for 3)."""
     draft = ReplayDraft(costs)
 
-    def begin(r: Reply) -> None:
+    def begin(r: Reply) -> float:
         draft.start(r)
-        draft.begin(r.prompt)
+        return draft.begin(r.prompt)
 
     return _replay(
         replies, costs, max_tokens, begin, lambda t, room: draft.propose(t, min(k, room), None, None)

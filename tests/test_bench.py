@@ -262,6 +262,21 @@ def test_replay_models_the_draft_model_from_its_predictions_along_the_reply() ->
         draft.start(Reply("x", "chat", [1], tokens, [0.5] * 90))
 
 
+def test_replay_charges_the_draft_model_the_prompt_it_evaluates() -> None:
+    """Up front (a fixed setting, or auto mode while the draft drafts in most replies) or caught up
+    when it drafts: the draft's prompt processing is part of what drafting costs a reply (the
+    target's is the same in every mode, and left out)."""
+    from bench.replay import Reply, TableCosts, replay_fixed
+
+    tokens = list(range(500, 520))
+    costs = TableCosts([1.0, 1.15, 1.3, 1.45], [0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55])
+    short = Reply("s", "math", [1, 2], tokens, [0.999] * 20, tuple(tokens), (0.99,) * 20)
+    long = Reply("l", "math", list(range(1, 9)), tokens, [0.999] * 20, tuple(tokens), (0.99,) * 20)
+    (_, a), (_, b) = (replay_fixed([r], costs, 1, max_tokens=96)[0]["math"] for r in (short, long))
+    # a prompt of 2 evaluates 1 token up front, one of 8 evaluates 7: a batch of 7 for the draft
+    assert b - a == pytest.approx(0.5 - 0.2)
+
+
 def test_replay_charges_a_draft_cut_to_nothing_and_learns_from_its_token() -> None:
     """A draft made and then not verified (too unsure to be worth a batch) cost its drafting, as it
     does live; its cut token is judged by the reply, so a draft whose doubts are unfounded is
