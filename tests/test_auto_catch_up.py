@@ -3,6 +3,8 @@ has not seen, and when finding out is worth that."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from auto_doubles import (
     CPU_LIKE,
@@ -114,6 +116,37 @@ def test_draft_evaluates_the_prompt_up_front_only_while_it_could_pay() -> None:
         auto.evidence.predicted[Source.MODEL][c] = Acceptance(6, prior=0.2, weight=1e6)
     auto.begin([1, 2, 3])
     assert draft.evaluate == [True, False]
+
+
+def test_the_prompt_is_evaluated_for_the_draft_only_while_it_drafts_in_most_replies() -> None:
+    """Up front or caught up when it drafts, the draft's work is the same: a draft that seldom drafts
+    (in fewer than half of the recent replies) costs no time to the first token. The record is kept
+    in the memory file."""
+    draft = RecordingDraft()
+    auto = AutoDrafter(draft, LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
+    drafted = Proposal((5, 6), (None, None), (0.9, 0.9), Source.MODEL, 0.01)
+    for drafts in (False, False, False, True, True):  # five replies; the model drafts in the last two
+        auto.begin([1, 2, 3])
+        if drafts:
+            auto.observe(drafted, Outcome(Source.MODEL, 2, 2, 3, 0.1, 0.12, confidence=(1.0,)))
+    # before any reply, then after 0 of 1, 0 of 2, 0 of 3 and 1 of 4 replies that drafted
+    assert draft.evaluate == [True, False, False, False, False]
+    auto.begin([1, 2, 3])  # 2 of 5: not yet
+    auto.observe(drafted, Outcome(Source.MODEL, 2, 2, 3, 0.1, 0.12, confidence=(1.0,)))
+    auto.begin([1, 2, 3])  # 3 of 6
+    assert draft.evaluate[-2:] == [False, True]
+    auto.observe(drafted, Outcome(Source.MODEL, 2, 2, 3, 0.1, 0.12, confidence=(1.0,)))
+    saved = auto.state()  # as the engine saves it, after a reply: that reply's record too
+    assert saved["model"]["replies"] == [0, 0, 0, 1, 1, 1, 1]
+    again = RecordingDraft()
+    later = AutoDrafter(again, LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
+    later.restore(json.loads(json.dumps(saved)))
+    later.begin([1, 2, 3])
+    assert again.evaluate == [True]
+    # a record that is not one is ignored
+    odd = AutoDrafter(RecordingDraft(), LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
+    odd.restore({"model": {"replies": [2, "x"]}})
+    assert odd.state()["model"]["replies"] == []
 
 
 def test_the_rest_of_a_reply_is_expected_to_be_as_long_as_the_reply_so_far() -> None:

@@ -140,9 +140,10 @@ class AutoDrafter:
             t += self.history.begin(prompt)
         for rounds in self.predictors:
             rounds.begin()
-            # The draft evaluates the prompt now, batched with the target's prompt processing as in
-            # speculative mode, while it is in play; otherwise it catches up only if it drafts again.
-            t += rounds.model.begin(prompt, evaluate=rounds.in_play())
+            # The draft evaluates the prompt now, with the target's prompt processing as in
+            # speculative mode, while it is in play and drafts in most replies; otherwise it catches
+            # up only if it drafts again.
+            t += rounds.model.begin(prompt, evaluate=rounds.in_play() and rounds.expects_drafting())
         return t
 
     def propose(

@@ -36,6 +36,7 @@ from app.engine.auto.priors import (
     PROBE_K,
     PROBE_MEMORY,
     PROBE_PRIOR_WEIGHT,
+    RECENT_REPLIES,
     SERVED_RUNS,
     SYNC_SHARE,
     TOKENS_PER_ROUND,
@@ -115,12 +116,18 @@ class ModelRounds:
         # rounds never reaches (another batch size's kernels and graphs, the queued step it wastes).
         self.overrun_window = Window(15)
         self.overrun_low_window = Window(15)
+        # whether the model drafted (a probe aside) in each of the last replies, and in this one
+        self.replies: deque[bool] = deque(maxlen=RECENT_REPLIES)
+        self._drafted_reply: bool | None = None  # None: no reply yet
 
     def kind(self) -> Kind:
         return (self.source, self.cls)
 
     def begin(self) -> None:
         """A new reply: the model is judged afresh (its losing guard and its probe interval)."""
+        if self._drafted_reply is not None:
+            self.replies.append(self._drafted_reply)
+        self._drafted_reply = False
         self._judge_probe()
         self._class_share = [1 / len(MODEL_CLASSES)] * len(MODEL_CLASSES)
         for n in self._runs:
@@ -140,6 +147,12 @@ class ModelRounds:
         plausible = max(a.overall() for a in self.evidence.predicted[self.source])
         acc = Acceptance(self.n_max, prior=plausible, weight=1e12)
         return best_length(acc, self.costs, d, self.n_max, self.margin).k > 0
+
+    def expects_drafting(self) -> bool:
+        """The model drafted in at least half of the recent replies (Laplace's rule; a half before
+        any): only then is the prompt evaluated for it up front. Caught up when it drafts, the work is
+        the same, and a model that seldom drafts costs no time to the first token."""
+        return 2 * (sum(self.replies) + 1) >= len(self.replies) + 2
 
     def rate(self, tokens: Sequence[int], limit: int, rest: int, copy_share: float) -> float:
         """The tokens per second a round of this model is expected to deliver now (0: none in play)."""
@@ -432,6 +445,7 @@ class ModelRounds:
             self.overrun_low_window.add(seconds / (outcome.n_drafted * d_low + v_low + charged))
         if proposal.tokens and not self.probing:  # a try goes on only while the draft is right in full
             self.trying = self.trying and outcome.n_accepted >= outcome.n_drafted
+            self._drafted_reply = True
         if self.cut:  # a draft not worth verifying: a try that failed
             self.trying = False
         if proposal.n_steps:
@@ -475,6 +489,10 @@ class ModelRounds:
             "overrun_low": round(low.value, 4) if low.n else None,
             "probes": [round(x, 3) for x in self.probes],
             "probe_loss": round(self.probe_loss.value, 6) if self.probe_loss.n else None,
+            # the recent replies', with the one in progress or just ended
+            "replies": [int(x) for x in (*self.replies, self._drafted_reply) if x is not None][
+                -RECENT_REPLIES:
+            ],
         }
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -498,6 +516,9 @@ class ModelRounds:
             # what earlier sessions found weighs as much as PROBE_MEMORY probes, so the odds still move
             scale = min(1.0, PROBE_MEMORY / probes[1]) if probes[1] else 1.0
             self.probes = [float(probes[0]) * scale, float(probes[1]) * scale]
+        replies = state.get("replies")
+        if isinstance(replies, list) and all(x in (0, 1) for x in replies):
+            self.replies.extend(bool(x) for x in replies[-RECENT_REPLIES:])
         loss = state.get("probe_loss")
         if isinstance(loss, (int, float)) and 0.0 <= loss < 60.0:
             for _ in range(2):

@@ -60,6 +60,9 @@ PROBE_K = 2  # a probe drafts this many tokens at most; its own round is part of
 # as much as PROBE_MEMORY probes at most.
 PROBE_PRIOR_WEIGHT = 4.0
 PROBE_MEMORY = 16.0
+# A draft model in play evaluates the prompt with the target's only while it drafted in at least half
+# of the last RECENT_REPLIES replies (Laplace's rule); otherwise it catches up if and when it drafts.
+RECENT_REPLIES = 8
 # Prompt lookup's drafts cost nothing to make: their length is bounded by what verifying them costs.
 LOOKUP_MAX = 63
 # The first draft of a class of copy in a reply copies at most this many tokens: a long draft failing
