@@ -254,12 +254,10 @@ def replay_auto_replies(
     params = SamplingParams()
 
     def begin(r: Reply) -> float:
-        if draft is None:
-            auto.begin(r.prompt)
-            return 0.0
-        draft.start(r)
+        if draft is not None:
+            draft.start(r)
         auto.begin(r.prompt)
-        return draft.spent
+        return draft.spent if draft is not None else 0.0  # the draft's prompt, where evaluated up front
 
     return _replay(
         replies, costs, max_tokens, begin, lambda t, room: auto.propose(t, room, params, None), auto.observe

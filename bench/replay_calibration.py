@@ -72,10 +72,11 @@ def _tally(replies: Sequence[Reply], costs: TableCosts, max_tokens: int, out: Ca
     auto = AutoDrafter(draft, LookupDrafter(stops=replies[0].stops), costs=costs)
     now: list[Reply] = []
 
-    def begin(r: Reply) -> None:
+    def begin(r: Reply) -> float:
         now[:] = [r]
         draft.start(r)
         auto.begin(r.prompt)
+        return draft.spent  # the draft's prompt, where evaluated up front
 
     def propose(tokens: list[int], room: int) -> Proposal:
         p = auto.propose(tokens, room, params, None)  # type: ignore[arg-type]

@@ -61,10 +61,11 @@ def replay_history(
     auto = AutoDrafter(draft, LookupDrafter(stops=stops), history=history, costs=costs)
     params = SamplingParams()
 
-    def begin(r: Reply) -> None:
+    def begin(r: Reply) -> float:
         if draft is not None:
             draft.start(r)
         auto.begin(r.prompt)
+        return draft.spent if draft is not None else 0.0  # the draft's prompt, where evaluated up front
 
     def propose(tokens: list[int], room: int) -> Proposal:
         return auto.propose(tokens, room, params, None)  # type: ignore[arg-type]

@@ -147,7 +147,7 @@ def replay_pair(
     params = SamplingParams()
     counts: Counter[str] = Counter()
 
-    def begin(r: Reply) -> None:
+    def begin(r: Reply) -> None:  # the draft's prompt not charged: the live step times decoding only
         draft.start(r)
         auto.begin(r.prompt)
 
