@@ -42,7 +42,9 @@ if [[ -z "$sdist" ]]; then
   sdist=$cache/$name.tar.gz
   if [[ ! -f "$sdist" ]]; then
     mkdir -p "$cache"
-    "$python" -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$version" -d "$cache"
+    # --no-binary for this package alone: with :all: pip also builds the sdist's build requirements
+    # (scikit-build-core and what it needs) from source to read its metadata, for many minutes
+    "$python" -m pip download -q --no-deps --no-binary llama-cpp-python "llama-cpp-python==$version" -d "$cache"
   fi
 fi
 [[ -f "$sdist" ]] || { echo "no sdist at $sdist" >&2; exit 1; }
