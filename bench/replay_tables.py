@@ -3,8 +3,9 @@
 The recorded replies (``bench/recorded/*.replies.json.gz``: the target's confidences and the draft's
 greedy predictions are in them; ``held-out`` are the replies to ``bench/prompts-held-out.jsonl``,
 three prompts per category that auto mode is never tuned on) are replayed with each cost table: the
-AMD EPYC's, this Intel Xeon's (``bench/recorded/xeon-costs.json``, and ``xeon-costs-2026-11-27.json``
-measured later, when a draft model round cost about 3 decode steps), a laptop GPU's (synthesized, not
+AMD EPYC's, this Intel Xeon's (``bench/recorded/xeon-costs.json``, ``xeon-costs-2026-11-27.json``
+measured later, when a draft model round cost about 3 decode steps, and ``xeon-costs-2026-11-28.json``,
+when its batches cost more still), a laptop GPU's (synthesized, not
 measured: a verify batch costs about one decode step up to 16 tokens,
 ``bench.replay_history.gpu_ratios``; a 0.5B draft's step 0.15 of a 7B target's,
 ``bench.gpu_check.ASSUMED_DRAFT``) and each backend's table in a recorded GPU check
@@ -37,6 +38,9 @@ XEON_COSTS = RECORDED / "xeon-costs.json"
 # the same VM measured again later, when its verify batches and the draft's catch-ups cost more: a
 # draft model round about 3 decode steps, at break-even on prose (where decisions are closest)
 XEON_LATER = RECORDED / "xeon-costs-2026-11-27.json"
+# and again a day later, when its batches cost more still (a batch of 4 at 1.80 steps, of 3 at 2.05):
+# the draft model at or below break-even except where it is always right
+XEON_11_28 = RECORDED / "xeon-costs-2026-11-28.json"
 
 
 def tables() -> dict[str, tuple[list[float], list[float], str]]:
@@ -52,6 +56,9 @@ def tables() -> dict[str, tuple[list[float], list[float], str]]:
     if XEON_LATER.exists():
         later = json.loads(XEON_LATER.read_text(encoding="utf-8"))
         out["xeon-later"] = (later["ratios"], later["draft_ratios"], later["measured"])
+    if XEON_11_28.exists():
+        day = json.loads(XEON_11_28.read_text(encoding="utf-8"))
+        out["xeon-11-28"] = (day["ratios"], day["draft_ratios"], day["measured"])
     out["gpu"] = (gpu_ratios(), list(ASSUMED_DRAFT), "a laptop GPU, synthesized (not measured)")
     for path in sorted(RECORDED.glob("gpu-check-*.json")):  # measured by bench.gpu_check on a lent GPU
         check = json.loads(path.read_text(encoding="utf-8"))
@@ -114,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         "--tables",
         default="",
         help="only these tables (comma-separated:"
-        " epyc, xeon, xeon-later, gpu, h100-cuda, h100-vulkan, h200-cuda)",
+        " epyc, xeon, xeon-later, xeon-11-28, gpu, h100-cuda, h100-vulkan, h200-cuda)",
     )
     p.add_argument("--sets", default="", help="only these recorded sets (single-turn, multi-turn, held-out)")
     p.add_argument("--json", type=Path, help="write the figures here")

@@ -73,7 +73,7 @@ def test_recorded_tables_replay_auto_against_every_fixed_setting(tmp_path, capsy
     assert "| category | best fixed | its speedup | auto | auto / best fixed | worst order | bar |" in printed
     figures = json.loads(out.read_text())
     # the last three: recorded GPU checks' (an H100's CUDA and Vulkan builds, an H200's CUDA build)
-    tables = ("epyc", "xeon", "xeon-later", "gpu", "h100-cuda", "h100-vulkan", "h200-cuda")
+    tables = ("epyc", "xeon", "xeon-later", "xeon-11-28", "gpu", "h100-cuda", "h100-vulkan", "h200-cuda")
     assert set(figures) == {f"multi-turn/{t}" for t in tables}
     for rows in figures.values():
         fixed = rows["all"]["fixed"]
