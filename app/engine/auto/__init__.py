@@ -6,7 +6,8 @@ expected to deliver the most tokens per second (from measured costs and acceptan
 - :mod:`.acceptance`: acceptance estimates by class of situation, pooled and per reply;
 - :mod:`.evidence`: those estimates and realized rates for every source and class (keyed by ``Source``);
 - :mod:`.planner`: the draft length with the highest expected rate; when a draft goes on;
-- :mod:`.copies`, :mod:`.model_rounds`: planning a copy's round, and a draft model's;
+- :mod:`.copies`, :mod:`.model_rounds`: planning a copy's round, and a draft model's (its probes:
+  :mod:`.probing`);
 - :mod:`.memory`: what was learned for a pair on a machine, kept across restarts;
 - :mod:`.drafter`: :class:`AutoDrafter`, which puts them together behind the drafter interface.
 """
