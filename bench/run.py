@@ -327,8 +327,13 @@ def main(args: argparse.Namespace) -> int:
     print(markdown_tables(data["summary"], modes))
     for mode in ("auto", "adaptive"):
         if mode in modes and any(m in modes for m in FIXED):
-            print(f"\n{mode} against the best fixed setting of the run, per category:\n")
+            print(f"\n{mode} against the best fixed setting of the run, per category, on decode time:\n")
             print(best_fixed_table(data["summary"], mode))
+            print(
+                "\nand on generation time (decode, and the drafter's own work on the prompt: a draft"
+                " model evaluating it up front):\n"
+            )
+            print(best_fixed_table(data["summary"], mode, gen=True))
     if "plain" in modes and len(modes) > 1:
         print("\nprompt processing over plain decoding's, and the whole reply's speedup, prompt included:\n")
         print(whole_reply_table(data["summary"], modes))

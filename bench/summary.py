@@ -1,6 +1,12 @@
 """What a benchmark run adds up to: per category and mode, pooled figures, the speedup over plain,
 the best fixed setting of the run and each mode's ratio to it (with ranges over repeats), and the
-tables ``tandem bench`` prints."""
+tables ``tandem bench`` prints.
+
+Each is figured twice: on decode time alone, and on *generation* time, decode plus the drafter's own
+work on the prompt (a draft model evaluating it up front, ``t_draft_prompt_s``). Decode time leaves
+that work out, so it flatters a setting that evaluates the prompt with a draft model it may then
+barely use; generation time charges every setting for all it adds to the reply, and leaves out only
+the target's prompt processing, the same in every mode."""
 
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ def pooled(rs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "t_prompt": sum(r["stats"].get("t_prompt_s", 0.0) for r in rs),
         "t_reply": sum(r["stats"].get("t_prompt_s", 0.0) + r["stats"]["t_decode_s"] for r in rs),
         "tok_s": tokens / t if t else 0.0,
+        "tok_s_gen": _tok_s(rs, gen=True),
         "tokens": tokens,
         "acceptance": accepted / drafted if drafted else 0.0,
         "tokens_per_round": tokens / rounds if rounds else 0.0,
@@ -64,36 +71,41 @@ def summarize(data: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
         base = plain.get("tok_s")
         for v in modes.values():
             v["speedup"] = v["tok_s"] / base if base else float("nan")
+            v["speedup_gen"] = v["tok_s_gen"] / plain["tok_s_gen"] if plain.get("tok_s_gen") else float("nan")
             # the same prompts, repeats and (losslessly) replies: ratios of summed seconds
             if plain.get("t_prompt") and v["t_reply"]:
                 v["prompt_ratio"] = v["t_prompt"] / plain["t_prompt"]
                 v["reply_speedup"] = plain["t_reply"] / v["t_reply"]
-    for cat, spread in repeat_spread(data).items():
-        for mode, values in spread.items():
-            out[cat][mode].update(values)
+    for gen in (False, True):
+        for cat, spread in repeat_spread(data, gen=gen).items():
+            for mode, values in spread.items():
+                out[cat][mode].update(values)
     return dict(out)
 
 
-def _tok_s(rs: list[dict[str, Any]]) -> float:
-    t = sum(r["stats"]["t_decode_s"] for r in rs)
+def _tok_s(rs: Sequence[dict[str, Any]], gen: bool = False) -> float:
+    """Tokens per second of decode time (``gen``: of generation time, the drafter's prompt work too)."""
+    t = sum(r["stats"]["t_decode_s"] + (r["stats"].get("t_draft_prompt_s", 0.0) if gen else 0.0) for r in rs)
     return sum(r["stats"]["n_generated"] for r in rs) / t if t else 0.0
 
 
-def repeat_spread(data: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
+def repeat_spread(data: dict[str, Any], gen: bool = False) -> dict[str, dict[str, dict[str, Any]]]:
     """Per category (and "all") and mode: the best fixed setting of the run (pooled over repeats,
     ``best_fixed``), each mode's ratio to it (``vs_best``), and the range over repeats of the speedup
-    over plain and of the ratio to that setting (each repeat pooled on its own)."""
+    over plain and of the ratio to that setting (each repeat pooled on its own); ``gen``: the same on
+    generation time, each key with ``_gen`` after it (``best_fixed_gen``, ``vs_best_gen``, ...)."""
+    x = "_gen" if gen else ""
     groups: dict[tuple[str, str, int], list[dict[str, Any]]] = defaultdict(list)
     for r in data["runs"]:
         for cat in (r["category"], "all"):
             groups[(cat, r["mode"], r.get("repeat", 0))].append(r)
     speeds: dict[str, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
     for (cat, mode, rep), rs in groups.items():
-        speeds[cat][mode][rep] = _tok_s(rs)
+        speeds[cat][mode][rep] = _tok_s(rs, gen)
     out: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
     for cat, modes in speeds.items():
         overall = {
-            m: _tok_s([r for (c, mm, _), rs in groups.items() if (c, mm) == (cat, m) for r in rs])
+            m: _tok_s([r for (c, mm, _), rs in groups.items() if (c, mm) == (cat, m) for r in rs], gen)
             for m in modes
         }
         best = best_fixed(overall)
@@ -102,13 +114,13 @@ def repeat_spread(data: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
             plain = modes.get("plain", {})
             ups = [x / plain[rep] for rep, x in per.items() if plain.get(rep)]
             if ups:
-                v["speedup_range"] = [min(ups), max(ups)]
+                v[f"speedup{x}_range"] = [min(ups), max(ups)]
             if best is not None:
-                v["best_fixed"] = best[0]
-                v["vs_best"] = overall[mode] / best[1] if best[1] else float("nan")
+                v[f"best_fixed{x}"] = best[0]
+                v[f"vs_best{x}"] = overall[mode] / best[1] if best[1] else float("nan")
                 ref = modes[best[0]]
-                ratios = [x / ref[rep] for rep, x in per.items() if ref.get(rep)]
-                v["vs_best_range"] = [min(ratios), max(ratios)]
+                ratios = [s / ref[rep] for rep, s in per.items() if ref.get(rep)]
+                v[f"vs_best{x}_range"] = [min(ratios), max(ratios)]
             out[cat][mode] = v
     return out
 
@@ -168,9 +180,13 @@ def markdown_tables(summary: dict[str, dict[str, dict[str, float]]], modes: list
     return "\n".join(lines)
 
 
-def best_fixed_table(summary: dict[str, dict[str, dict[str, Any]]], mode: str = "auto") -> str:
+def best_fixed_table(
+    summary: dict[str, dict[str, dict[str, Any]]], mode: str = "auto", gen: bool = False
+) -> str:
     """Markdown: per category, the run's best fixed setting and its speedup over plain, ``mode``'s
-    speedup, and ``mode``'s ratio to the best fixed setting (ranges over repeats in brackets)."""
+    speedup, and ``mode``'s ratio to the best fixed setting (ranges over repeats in brackets); on
+    decode time, or (``gen``) on generation time."""
+    x = "_gen" if gen else ""
     cats = [*sorted(c for c in summary if c != "all"), "all"]
     lines = [
         f"| category | best fixed setting | its speedup | {mode} speedup | {mode} / best fixed |",
@@ -186,12 +202,16 @@ def best_fixed_table(summary: dict[str, dict[str, dict[str, Any]]], mode: str = 
     for cat in cats:
         row = summary[cat]
         v = row.get(mode)
-        if not v or "best_fixed" not in v:
+        if not v or f"best_fixed{x}" not in v:
             continue
-        best = row[v["best_fixed"]]
+        best = row[v[f"best_fixed{x}"]]
+        speed, ratio = (
+            cell(v, f"speedup{x}", f"speedup{x}_range"),
+            cell(v, f"vs_best{x}", f"vs_best{x}_range"),
+        )
         lines.append(
-            f"| {cat} | {v['best_fixed']} | {cell(best, 'speedup', 'speedup_range')} "
-            f"| {cell(v, 'speedup', 'speedup_range')} | {cell(v, 'vs_best', 'vs_best_range')} |"
+            f"| {cat} | {v[f'best_fixed{x}']} | {cell(best, f'speedup{x}', f'speedup{x}_range')} "
+            f"| {speed} | {ratio} |"
         )
     return "\n".join(lines)
 

@@ -45,6 +45,45 @@ def test_bench_reports_auto_against_the_best_fixed_setting_over_repeats(tiny_pai
         assert auto["vs_best"] == pytest.approx(auto["tok_s"] / best["tok_s"])
         low, high = auto["vs_best_range"]
         assert low <= high and len(auto["speedup_range"]) == 2
+        gen = row[auto["best_fixed_gen"]]
+        assert gen["tok_s_gen"] == max(row[m]["tok_s_gen"] for m in row if m in modes.FIXED), cat
+        assert auto["vs_best_gen"] == pytest.approx(auto["tok_s_gen"] / gen["tok_s_gen"])
+    assert "and on generation time" in printed
+    # the draft model's work on the prompt is timed apart: none in plain decoding, some in spec3's
+    by_mode = {
+        m: [r["stats"]["t_draft_prompt_s"] for r in data["runs"] if r["mode"] == m]
+        for m in ("plain", "spec3")
+    }
+    assert all(t == 0.0 for t in by_mode["plain"]) and all(t > 0.0 for t in by_mode["spec3"])
+
+
+def test_generation_time_charges_the_draft_model_its_prompt() -> None:
+    """Decode time leaves out a draft model evaluating the prompt: a setting faster on decode time but
+    slower once that is counted is not the best fixed setting on generation time."""
+    from bench.summary import best_fixed_table, summarize
+
+    def run(mode: str, decode: float, draft_prompt: float, repeat: int) -> dict:
+        stats = {
+            "n_generated": 100,
+            "t_decode_s": decode,
+            "t_draft_prompt_s": draft_prompt,
+            "t_prompt_s": 1.0,
+        }
+        stats |= {"n_drafted": 0, "n_accepted": 0, "rounds": 10, "rounds_drafted": 0, "t_llama_s": decode}
+        return {"id": "p", "category": "extract", "mode": mode, "repeat": repeat, "stats": stats,
+                "mean_k": 0.0, "same_as_plain": None}  # fmt: skip
+
+    runs = []
+    for rep in (0, 1):
+        runs += [run("plain", 10.0, 0.0, rep), run("spec3", 8.0, 4.0, rep), run("lookup", 9.5, 0.01, rep)]
+        runs += [run("auto", 9.0, 0.5, rep)]
+    summary = summarize({"runs": runs})
+    auto = summary["extract"]["auto"]
+    assert auto["best_fixed"] == "spec3" and auto["vs_best"] == pytest.approx(8.0 / 9.0)
+    assert auto["best_fixed_gen"] == "lookup"
+    assert auto["vs_best_gen"] == pytest.approx(9.51 / 9.5)
+    assert summary["extract"]["spec3"]["speedup_gen"] == pytest.approx(10.0 / 12.0)
+    assert "| extract | lookup | 1.05x | 1.05x | 1.00x |" in best_fixed_table(summary, gen=True)
 
 
 def test_multiturn_reports_auto_against_the_best_fixed_setting() -> None:

@@ -174,6 +174,9 @@ class Stats:
     # them those that drafted after all (the queued step wasted)
     n_queued: int = 0
     n_wasted: int = 0
+    # of t_prompt_s, the drafter's own work on the prompt (a draft model evaluating it, prompt
+    # lookup's index): what drafting adds to the time to the first token
+    t_draft_prompt_s: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -197,6 +200,7 @@ class StatsBuilder:
     n_prompt_tokens: int = 0
     n_prompt_cached: int = 0
     t_prompt: float = 0.0
+    t_draft_prompt: float = 0.0
     ttft: float = 0.0
     steps: list[Step] = field(default_factory=list)
     n_queued: int = 0
@@ -252,6 +256,7 @@ class StatsBuilder:
             accepted_length_histogram=tuple(hist) if drafted_rounds else (),
             acceptance_by_position=tuple(_ratio(a, b) for a, b in zip(passed, tried, strict=True)),
             t_prompt_s=self.t_prompt,
+            t_draft_prompt_s=self.t_draft_prompt,
             t_decode_s=t_decode,
             t_draft_s=sum(s.t_draft for s in steps),
             t_verify_s=sum(s.t_verify for s in steps),

@@ -178,7 +178,9 @@ def generate(
     try:
         stats.n_prompt_cached = target.begin(prompt)
         if drafter is not None:
+            t_draft = time.perf_counter()
             drafter.begin(prompt)
+            stats.t_draft_prompt = time.perf_counter() - t_draft
         stats.t_prompt = time.perf_counter() - t_start
         yield Started(len(prompt), stats.n_prompt_cached, stats.t_prompt)
         t_decode0 = time.perf_counter()
