@@ -234,23 +234,45 @@ def _replay(
 
 
 def replay_auto(
-    replies: Sequence[Reply], costs: TableCosts, max_tokens: int, *, model: bool = False
+    replies: Sequence[Reply],
+    costs: TableCosts,
+    max_tokens: int,
+    *,
+    model: bool = False,
+    remembered: dict[str, Any] | None = None,
 ) -> Result:
     """category -> (tokens, cost in steps) of auto mode's policy, replies in order (the policy learns
-    across them, as in a benchmark run): prompt lookup only, or (``model``) with the draft model too."""
-    return replay_auto_replies(replies, costs, max_tokens, model=model)[0]
+    across them, as in a benchmark run): prompt lookup only, or (``model``) with the draft model too;
+    from nothing learned, or from what an earlier session left (``remembered``: :func:`session_memory`)."""
+    return replay_auto_replies(replies, costs, max_tokens, model=model, remembered=remembered)[0]
+
+
+def session_memory(replies: Sequence[Reply], costs: TableCosts, max_tokens: int) -> dict[str, Any]:
+    """What auto mode with the draft model keeps in its memory file after a session over ``replies``
+    (as the engine saves and reads it: through JSON)."""
+    out: dict[str, Any] = {}
+    replay_auto_replies(replies, costs, max_tokens, model=True, keep=out)
+    return json.loads(json.dumps(out))
 
 
 def replay_auto_replies(
-    replies: Sequence[Reply], costs: TableCosts, max_tokens: int, *, model: bool = False
+    replies: Sequence[Reply],
+    costs: TableCosts,
+    max_tokens: int,
+    *,
+    model: bool = False,
+    remembered: dict[str, Any] | None = None,
+    keep: dict[str, Any] | None = None,
 ) -> tuple[Result, dict[str, float]]:
-    """:func:`replay_auto`, and each reply's speedup."""
+    """:func:`replay_auto`, and each reply's speedup (``keep``: filled with what auto mode learned)."""
     from app.engine.auto import AutoDrafter
     from app.engine.drafting import LookupDrafter
     from app.engine.sampling import SamplingParams
 
     draft = ReplayDraft(costs) if model else None
     auto = AutoDrafter(draft, LookupDrafter(stops=replies[0].stops if replies else ()), costs=costs)
+    if remembered is not None:
+        auto.restore(remembered)
     params = SamplingParams()
 
     def begin(r: Reply) -> float:
@@ -259,9 +281,12 @@ def replay_auto_replies(
         auto.begin(r.prompt)
         return draft.spent if draft is not None else 0.0  # the draft's prompt, where evaluated up front
 
-    return _replay(
+    out = _replay(
         replies, costs, max_tokens, begin, lambda t, room: auto.propose(t, room, params, None), auto.observe
     )
+    if keep is not None:
+        keep.update(auto.state())
+    return out
 
 
 def replay_fixed(

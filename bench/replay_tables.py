@@ -19,6 +19,9 @@ the best fixed setting and never below plain::
     python -m bench.replay_tables --orders 3
 
 Auto mode starts each order with nothing learned (a fresh engine, no saved priors): the worst case.
+With ``--remember`` it starts each order from the memory file a session over another set left
+(:data:`EARLIER`: the held-out replies before the single-turn ones and the other way round, the
+single-turn ones before the multi-turn conversations), as a user's second session on a machine does.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.replay import TableCosts, orders, replay_auto, replay_settings
+from bench.replay import TableCosts, orders, replay_auto, replay_settings, session_memory
 from bench.replay_report import Result, speedup
 
 RECORDED = Path(__file__).with_name("recorded")
@@ -41,6 +44,9 @@ XEON_LATER = RECORDED / "xeon-costs-2026-11-27.json"
 # and again a day later, when its batches cost more still (a batch of 4 at 1.80 steps, of 3 at 2.05):
 # the draft model at or below break-even except where it is always right
 XEON_11_28 = RECORDED / "xeon-costs-2026-11-28.json"
+# with --remember: the set whose session left the memory file each set's replay starts from (never
+# the set itself: a user's earlier session was spent on other prompts)
+EARLIER = {"single-turn": "held-out", "held-out": "single-turn", "multi-turn": "single-turn"}
 
 
 def tables() -> dict[str, tuple[list[float], list[float], str]]:
@@ -77,11 +83,19 @@ def tables() -> dict[str, tuple[list[float], list[float], str]]:
 
 
 def check(
-    replies: Sequence[Any], costs: TableCosts, max_tokens: int, n_orders: int
+    replies: Sequence[Any],
+    costs: TableCosts,
+    max_tokens: int,
+    n_orders: int,
+    remembered: dict[str, Any] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Per category (and "all"): every fixed setting's speedup, the best one, auto's speedup."""
+    """Per category (and "all"): every fixed setting's speedup, the best one, auto's speedup (from
+    nothing learned, or from the ``remembered`` memory of an earlier session)."""
     fixed = replay_settings(replies, costs, max_tokens)
-    auto: list[Result] = [replay_auto(o, costs, max_tokens, model=True) for o in orders(replies, n_orders)]
+    auto: list[Result] = [
+        replay_auto(o, costs, max_tokens, model=True, remembered=remembered)
+        for o in orders(replies, n_orders)
+    ]
     cats = sorted({r.category for r in replies})
     out: dict[str, dict[str, Any]] = {}
     for c in [*cats, "all"]:
@@ -125,6 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--sets", default="", help="only these recorded sets (single-turn, multi-turn, held-out)")
     p.add_argument("--json", type=Path, help="write the figures here")
+    p.add_argument(
+        "--remember",
+        action="store_true",
+        help="start auto mode from the memory a session over another set left (see EARLIER)",
+    )
     args = p.parse_args(argv)
     wanted_tables = {t for t in args.tables.split(",") if t}
     wanted_sets = {s for s in args.sets.split(",") if s}
@@ -134,12 +153,18 @@ def main(argv: list[str] | None = None) -> int:
         if wanted_sets and set_name not in wanted_sets:
             continue
         meta, replies = load_prepared(path)
+        earlier = load_prepared(SETS[EARLIER[set_name]]) if args.remember else None
         for name, (ratios, draft, where) in tables().items():
             if wanted_tables and name not in wanted_tables:
                 continue
-            rows = check(replies, TableCosts(ratios, draft), int(meta["max_tokens"]), args.orders)
+            costs = TableCosts(ratios, draft)
+            remembered = None
+            if earlier is not None:
+                remembered = session_memory(earlier[1], costs, int(earlier[0]["max_tokens"]))
+            rows = check(replies, costs, int(meta["max_tokens"]), args.orders, remembered)
             figures[f"{set_name}/{name}"] = rows
-            print(f"\n{set_name} replies ({len(replies)}), {name} costs ({where}):\n")
+            after = f", after a session over the {EARLIER[set_name]} replies" if args.remember else ""
+            print(f"\n{set_name} replies ({len(replies)}){after}, {name} costs ({where}):\n")
             print("| category | best fixed | its speedup | auto | auto / best fixed | worst order | bar |")
             print("|---|---|---|---|---|---|---|")
             for c, v in rows.items():

@@ -23,6 +23,7 @@ from app.engine.auto import (
     AutoDrafter,
 )
 from app.engine.auto.evidence import PLAIN
+from app.engine.drafting import EMPTY as EMPTY_PROPOSAL
 from app.engine.drafting import LookupDrafter, Outcome, Proposal, common_prefix
 from app.engine.engine import Engine, GenerationSettings, LoadSettings
 from app.engine.events import Source, Step
@@ -94,64 +95,71 @@ def test_a_probes_own_round_is_part_of_its_price() -> None:
     assert auto.rounds.probe_due([], CPU_LIKE.draft_step(), 6, auto.rest)
 
 
-def test_draft_evaluates_the_prompt_up_front_only_while_it_could_pay() -> None:
-    for costs, eager in ((GPU_LIKE, True), (CPU_LIKE, True), (EXPENSIVE, False)):
+def test_the_draft_never_evaluates_the_prompt_up_front() -> None:
+    """Up front or caught up when a round first drafts with it, the draft's work on the prompt is the
+    same; up front it is spent, before the first token, in every reply the draft then does not
+    draft in. So the draft catches up when it drafts, wherever it could pay."""
+    for costs in (GPU_LIKE, CPU_LIKE, EXPENSIVE):
         draft = RecordingDraft()
         auto = AutoDrafter(draft, LookupDrafter(), n_max=6, costs=costs)  # type: ignore[arg-type]
         auto.begin([1, 2, 3])
-        assert draft.evaluate == [eager], costs
-    # model rounds that lost in the last reply do not keep the next one from trying the draft again
-    # (each reply judges it afresh) ...
-    draft = RecordingDraft()
-    auto = AutoDrafter(draft, LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
-    for _ in range(3):
-        for c in range(len(MODEL_CLASSES)):
-            auto.evidence.realized[(Source.MODEL, c)].add(1, 1.0)
-        auto.evidence.realized[PLAIN].add(1, 0.1)
-    auto.begin([1, 2, 3])
-    assert draft.evaluate == [True]
-    assert not any(auto.evidence.losing((Source.MODEL, c)) for c in range(len(MODEL_CLASSES)))
-    # ... but where every class has shown an acceptance at which the costs say it cannot pay, it is out
-    for c in range(len(MODEL_CLASSES)):
-        auto.evidence.predicted[Source.MODEL][c] = Acceptance(6, prior=0.2, weight=1e6)
-    auto.begin([1, 2, 3])
-    assert draft.evaluate == [True, False]
+        auto.begin([1, 2, 3, 4])
+        assert draft.evaluate == [False, False], costs
 
 
-def test_the_prompt_is_evaluated_for_the_draft_only_while_it_drafts_in_most_replies() -> None:
-    """Up front or caught up when it drafts, the draft's work is the same: a draft that seldom drafts
-    (in fewer than half of the recent replies) costs no time to the first token. The record is kept
-    in the memory file."""
-    draft = RecordingDraft()
-    auto = AutoDrafter(draft, LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
-    drafted = Proposal((5, 6), (None, None), (0.9, 0.9), Source.MODEL, 0.01)
-    for drafts in (False, False, False, True, True):  # five replies; the model drafts in the last two
-        auto.begin([1, 2, 3])
-        if drafts:
-            auto.observe(drafted, Outcome(Source.MODEL, 2, 2, 3, 0.1, 0.12, confidence=(1.0,)))
-    # before any reply, then after 0 of 1, 0 of 2, 0 of 3 and 1 of 4 replies that drafted
-    assert draft.evaluate == [True, False, False, False, False]
-    auto.begin([1, 2, 3])  # 2 of 5: not yet
-    auto.observe(drafted, Outcome(Source.MODEL, 2, 2, 3, 0.1, 0.12, confidence=(1.0,)))
-    auto.begin([1, 2, 3])  # 3 of 6
-    assert draft.evaluate[-2:] == [False, True]
-    auto.observe(drafted, Outcome(Source.MODEL, 2, 2, 3, 0.1, 0.12, confidence=(1.0,)))
-    saved = auto.state()  # as the engine saves it, after a reply: that reply's record too
-    assert saved["model"]["replies"] == [0, 0, 0, 1, 1, 1, 1]
-    again = RecordingDraft()
-    later = AutoDrafter(again, LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
-    later.restore(json.loads(json.dumps(saved)))
-    later.begin([1, 2, 3])
-    assert again.evaluate == [True]
-    # a record that is not one is ignored
-    odd = AutoDrafter(RecordingDraft(), LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
-    odd.restore({"model": {"replies": [2, "x"]}})
-    assert odd.state()["model"]["replies"] == []
+def test_the_rest_of_a_reply_is_expected_from_the_recent_replies() -> None:
+    """Once replies have ended, a reply expects the rest that the recent replies longer than it so
+    far had after that point (the Lindy guess weighing as one of them); the lengths are kept in the
+    memory file."""
+    text = list(range(300, 700))
+    auto = AutoDrafter(None, LookupDrafter(), n_max=6, costs=CPU_LIKE)
+    for n in (96, 96, 96, 20):  # four replies: three of 96 tokens, one of 20
+        auto.begin(text[:10])
+        for _ in range(n):
+            auto.observe(EMPTY_PROPOSAL, Outcome(Source.NONE, 0, 0, 1, 0.1, 0.1))
+    assert list(auto.lengths) == [96, 96, 96]  # the last is counted once the next reply begins...
+    assert auto.state()["lengths"] == [96, 96, 96, 20]  # ...and saved as it ends
+    auto.begin(text[:10])
+    assert list(auto.lengths) == [96, 96, 96, 20]
+    assert auto.expected_rest(0) == pytest.approx((96 * 3 + 20 + REPLY_MIN) / 5)
+    assert auto.expected_rest(50) == pytest.approx((46 * 3 + 50) / 4)  # the 20-token reply is over
+    assert auto.expected_rest(200) == 200  # longer than any: as long as so far
+    saved = json.loads(json.dumps(auto.state()))
+    assert saved["lengths"] == [96, 96, 96, 20]
+    later = AutoDrafter(None, LookupDrafter(), n_max=6, costs=CPU_LIKE)
+    later.restore(saved)
+    assert later.expected_rest(0) == pytest.approx(auto.expected_rest(0))
+    odd = AutoDrafter(None, LookupDrafter(), n_max=6, costs=CPU_LIKE)
+    odd.restore({"lengths": [3, "x"]})  # a record that is not one is ignored
+    assert odd.state()["lengths"] == []
+
+
+def test_a_catch_up_token_costs_the_slope_of_catch_ups_once_their_sizes_differ() -> None:
+    """On a GPU a catch-up batch of hundreds costs about what one of a few does: priced at what the
+    few cost per token, catching up a long conversation would look tens of times dearer than it is."""
+    from dataclasses import replace
+
+    auto = AutoDrafter(SureDraft(pending=3), LookupDrafter(), n_max=6, costs=GPU_LIKE)  # type: ignore[arg-type]
+    rounds = auto.rounds
+    assert rounds is not None
+    first = Proposal((5,), (None,), (0.9,), Source.MODEL, 0.01)
+    outcome = Outcome(Source.MODEL, 1, 1, 2, 0.01, 0.012)
+    for n in (3, 4, 3):  # small catch-ups only: their cost per token
+        rounds.observe(replace(first, n_sync=n, t_sync=0.003 + 0.00001 * n), outcome, 0.012, 0.0)
+    assert rounds.sync_per_token(0.002) == pytest.approx(rounds.sync_cost.value)
+    rounds.observe(replace(first, n_sync=400, t_sync=0.003 + 0.00001 * 400), outcome, 0.012, 0.0)
+    # the slope, 0.01 ms a token, at least what the largest batch cost per token
+    assert rounds.sync_per_token(0.002) == pytest.approx((0.003 + 0.004) / 400)
+    cpu = AutoDrafter(SureDraft(pending=3), LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
+    assert cpu.rounds is not None
+    for n in (3, 40, 4, 120):  # on a CPU the cost grows with the batch: the slope is about the mean
+        cpu.rounds.observe(replace(first, n_sync=n, t_sync=0.01 * n), outcome, 0.1, 0.0)
+    assert cpu.rounds.sync_per_token(0.02) == pytest.approx(0.01)
 
 
 def test_the_rest_of_a_reply_is_expected_to_be_as_long_as_the_reply_so_far() -> None:
-    """Within the token budget, and at least REPLY_MIN tokens: a reply n tokens long is as likely
-    to be past its middle as not."""
+    """Before any reply has ended: within the token budget, and at least REPLY_MIN tokens, a reply n
+    tokens long is as likely to be past its middle as not."""
     text = list(range(300, 700))  # no n-gram repeats
     auto = AutoDrafter(None, LookupDrafter(), n_max=6, costs=CPU_LIKE)
     for prompt_len, budget, rest in ((396, 1000, REPLY_MIN), (100, 1000, 300), (100, 50, 51), (400, 9, 10)):

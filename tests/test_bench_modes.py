@@ -121,3 +121,20 @@ def test_recorded_tables_replay_auto_against_every_fixed_setting(tmp_path, capsy
         assert rows["all"]["best"] == max(fixed, key=lambda n: fixed[n])
         assert 0.0 <= rows["exploring_cost"]["all"] < 1.0
     assert figures["multi-turn/epyc"]["exploring_cost"]["all"] == 0.0  # the draft cannot pay there
+
+
+def test_recorded_tables_replay_a_second_session_from_the_memory_the_first_left(capsys) -> None:
+    from bench.gpu_replay import SETS, load_prepared
+    from bench.replay import TableCosts, session_memory
+
+    meta, replies = load_prepared(SETS["single-turn"])
+    costs = TableCosts(*replay_tables.tables()["xeon"][:2])
+    memory = session_memory(replies, costs, int(meta["max_tokens"]))
+    # what the engine keeps in its memory file: pooled evidence, model rounds' record, reply lengths
+    assert memory["evidence"] and "probes" in memory["model"] and len(memory["lengths"]) == len(replies)
+    code = replay_tables.main(["--orders", "1", "--sets", "multi-turn", "--tables", "xeon", "--remember"])
+    assert code in (0, 1)
+    assert (
+        "multi-turn replies (11), after a session over the single-turn replies, xeon costs"
+        in capsys.readouterr().out
+    )

@@ -42,6 +42,7 @@ from app.engine.auto.priors import (
     LOOKUP_MAX,
     RELAX,
     RELAX_EVERY,
+    REPLY_LENGTHS,
     REPLY_MIN,
 )
 from app.engine.drafting.base import Drafter, Outcome, Proposal, within
@@ -118,6 +119,8 @@ class AutoDrafter:
         self.rest = 0  # tokens this reply is expected to produce still (see REPLY_MIN)
         self._after: tuple[Kind, int] | None = None  # the kind and diagonal of a copy after a draft
         self._prompt_len = 0
+        self.lengths: deque[int] = deque(maxlen=REPLY_LENGTHS)  # the recent replies', in tokens
+        self._reached = -1  # tokens this reply has produced (-1: no reply yet)
 
     @property
     def wants_target_confidence(self) -> int:
@@ -135,16 +138,28 @@ class AutoDrafter:
         self.evidence.begin()
         self.copies.begin()
         self._prompt_len = len(prompt)
+        if self._reached > 0:
+            self.lengths.append(self._reached)
+        self._reached = 0
         t = self.lookup.begin(prompt)
         if self.history is not None:
             t += self.history.begin(prompt)
         for rounds in self.predictors:
             rounds.begin()
-            # The draft evaluates the prompt now, with the target's prompt processing as in
-            # speculative mode, while it is in play and drafts in most replies; otherwise it catches
-            # up only if it drafts again.
-            t += rounds.model.begin(prompt, evaluate=rounds.in_play() and rounds.expects_drafting())
+            # The draft does not evaluate the prompt with the target's, as in speculative mode: it
+            # catches up when a round first drafts with it, where that is planned to pay, so a reply
+            # it does not draft in costs it no time at all (the same work, when it drafts).
+            t += rounds.model.begin(prompt, evaluate=False)
         return t
+
+    def expected_rest(self, t: int) -> float:
+        """Tokens a reply that has ``t`` so far is expected to produce still: what the recent replies
+        that went on past ``t`` produced after it, with as much as the reply so far (at least
+        REPLY_MIN) weighing as one of them. Without it a reply's first rounds would count on a short
+        rest, and a catch-up or a probe there could never pay."""
+        lindy = max(t, REPLY_MIN)
+        longer = [n - t for n in self.lengths if n > t]
+        return (sum(longer) + lindy) / (len(longer) + 1)
 
     def propose(
         self,
@@ -157,7 +172,8 @@ class AutoDrafter:
     ) -> Proposal:
         """This round's draft (or none); with a ``grammar``, copies cut before the first token it
         forbids and the draft model masked by it."""
-        self.rest = min(k + 1, max(len(tokens) - self._prompt_len, REPLY_MIN))
+        self._reached = len(tokens) - self._prompt_len
+        self.rest = min(k + 1, self.expected_rest(self._reached))
         limit = min(k, self.n_max)
         for rounds in self.predictors:
             rounds.probing = False
@@ -250,6 +266,7 @@ class AutoDrafter:
         )
 
     def observe(self, proposal: Proposal, outcome: Outcome) -> None:
+        self._reached += outcome.n_accepted + 1
         if outcome.timed:
             self.costs.observe_verify(outcome.batch, outcome.t_verify)
         if self.wants_target_confidence:
@@ -288,7 +305,12 @@ class AutoDrafter:
     def state(self) -> dict[str, Any]:
         """What auto mode learned (pooled acceptance by source and class, model rounds' overrun), for
         :class:`~app.engine.auto.memory.AutoMemory`; the costs are the cost model's to save."""
-        out = {"evidence": self.evidence.state(), "model": self.rounds.state() if self.rounds else {}}
+        out: dict[str, Any] = {
+            "evidence": self.evidence.state(),
+            "model": self.rounds.state() if self.rounds else {},
+            # the recent replies' lengths, with the one in progress or just ended
+            "lengths": [*self.lengths, *([self._reached] if self._reached > 0 else [])][-REPLY_LENGTHS:],
+        }
         if self.mtp_rounds is not None:
             mtp_costs = self.mtp_costs.state() if isinstance(self.mtp_costs, DraftCosts) else {}
             out["mtp"] = {**self.mtp_rounds.state(), **mtp_costs}
@@ -301,6 +323,9 @@ class AutoDrafter:
             self.evidence.restore(evidence)
         if isinstance(model, dict) and self.rounds is not None:
             self.rounds.restore(model)
+        lengths = state.get("lengths")
+        if isinstance(lengths, list) and all(isinstance(n, int) and 0 < n < 1 << 24 for n in lengths):
+            self.lengths.extend(lengths[-REPLY_LENGTHS:])
         mtp = state.get("mtp")
         if isinstance(mtp, dict) and self.mtp_rounds is not None:
             self.mtp_rounds.restore(mtp)

@@ -34,9 +34,9 @@ from app.engine.auto.priors import (
     MODEL_CLASSES,
     PROBE_K,
     PROBE_MEMORY,
-    RECENT_REPLIES,
     SERVED_RUNS,
     SYNC_SHARE,
+    SYNC_SPREAD,
     TOKENS_PER_ROUND,
 )
 from app.engine.auto.probing import Probing
@@ -108,6 +108,7 @@ class ModelRounds(Probing):
         self.probe_loss = Window(7)  # seconds a probe round took beyond plain rounds' time for its tokens
         self._optimistic = Acceptance(n_max, prior=optimistic, weight=1e12)
         self.sync_cost = Window(15)  # the draft's seconds per token when catching up
+        self._syncs: deque[tuple[int, float]] = deque(maxlen=15)  # catch-ups: (tokens, seconds)
         # A model round takes longer than its parts timed alone (the two models evict each other's
         # weights from the CPU caches, the draft's Python): the median ratio of what model rounds
         # took to what the cost model predicted corrects its plans. What a probe hopes for is
@@ -116,18 +117,12 @@ class ModelRounds(Probing):
         # rounds never reaches (another batch size's kernels and graphs, the queued step it wastes).
         self.overrun_window = Window(15)
         self.overrun_low_window = Window(15)
-        # whether the model drafted (a probe aside) in each of the last replies, and in this one
-        self.replies: deque[bool] = deque(maxlen=RECENT_REPLIES)
-        self._drafted_reply: bool | None = None  # None: no reply yet
 
     def kind(self) -> Kind:
         return (self.source, self.cls)
 
     def begin(self) -> None:
         """A new reply: the model is judged afresh (its losing guard and its probe interval)."""
-        if self._drafted_reply is not None:
-            self.replies.append(self._drafted_reply)
-        self._drafted_reply = False
         self._judge_probe()
         self._class_share = [1 / len(MODEL_CLASSES)] * len(MODEL_CLASSES)
         for n in self._runs:
@@ -137,22 +132,6 @@ class ModelRounds(Probing):
         self._probe_interval = self.probe_every
         self.trying = True
         self._unjudged = None  # a token cut at the end of the last reply has no text to be judged by
-
-    def in_play(self) -> bool:
-        """The draft could pay on this machine at a plausible acceptance: the best its classes have
-        shown (learned, or their priors until learned)."""
-        d, v1 = self.costs.draft_step(), self.costs.verify(1)
-        if d is None or v1 is None:
-            return True
-        plausible = max(a.overall() for a in self.evidence.predicted[self.source])
-        acc = Acceptance(self.n_max, prior=plausible, weight=1e12)
-        return best_length(acc, self.costs, d, self.n_max, self.margin).k > 0
-
-    def expects_drafting(self) -> bool:
-        """The model drafted in at least half of the recent replies (Laplace's rule; a half before
-        any): only then is the prompt evaluated for it up front. Caught up when it drafts, the work is
-        the same, and a model that seldom drafts costs no time to the first token."""
-        return 2 * (sum(self.replies) + 1) >= len(self.replies) + 2
 
     def rate(self, tokens: Sequence[int], limit: int, rest: int, copy_share: float) -> float:
         """The tokens per second a round of this model is expected to deliver now (0: none in play)."""
@@ -329,8 +308,23 @@ class ModelRounds(Probing):
         return min(2.0, max(0.8, w.value)) if w.n >= 3 else 1.0
 
     def sync_per_token(self, draft_cost: float) -> float:
-        """The draft's seconds per token when catching up (a batch: cheaper than drafting)."""
-        return self.sync_cost.value if self.sync_cost.n else SYNC_SHARE * draft_cost
+        """What one more token of a catch-up costs the draft, in seconds (a batch: cheaper than drafting).
+
+        Once catch-ups of sizes at least SYNC_SPREAD apart have been timed, their cost's slope in
+        the batch's size: on a GPU a batch of hundreds costs little more than one of a few, and what
+        a few cost per token would price the prompt's catch-up tens of times too high. Until then,
+        their median cost per token (a CPU's cost grows with the batch)."""
+        if not self.sync_cost.n:
+            return SYNC_SHARE * draft_cost
+        per_token = self.sync_cost.value
+        sizes = [n for n, _ in self._syncs]
+        if len(sizes) < 3 or max(sizes) < SYNC_SPREAD * min(sizes):
+            return per_token
+        n_mean = statistics.fmean(sizes)
+        t_mean = statistics.fmean(t for _, t in self._syncs)
+        var = sum((n - n_mean) ** 2 for n in sizes)
+        slope = sum((n - n_mean) * (t - t_mean) for n, t in self._syncs) / var
+        return min(per_token, max(slope, min(t / n for n, t in self._syncs)))
 
     def catch_up(self, tokens: Sequence[int], draft_cost: float, rest: int, copy_share: float) -> float:
         """A round's share of what catching the draft up with the text costs (0 when it kept up).
@@ -383,13 +377,13 @@ class ModelRounds(Probing):
             self.overrun_low_window.add(seconds / (outcome.n_drafted * d_low + v_low + charged))
         if proposal.tokens and not self.probing:  # a try goes on only while the draft is right in full
             self.trying = self.trying and outcome.n_accepted >= outcome.n_drafted
-            self._drafted_reply = True
         if self.cut:  # a draft not worth verifying: a try that failed
             self.trying = False
         if proposal.n_steps:
             self.costs.observe_draft(proposal.n_steps, proposal.t_steps)
         if proposal.n_sync > 2:
             self.sync_cost.add(proposal.t_sync / proposal.n_sync)
+            self._syncs.append((proposal.n_sync, proposal.t_sync))
         if proposal.tokens:
             if proposal.n_sync > 2 or not self._runs:
                 self._runs.append(1)  # a catch-up: a new run of model rounds
@@ -427,10 +421,6 @@ class ModelRounds(Probing):
             "overrun_low": round(low.value, 4) if low.n else None,
             "probes": [round(x, 3) for x in self.probes],
             "probe_loss": round(self.probe_loss.value, 6) if self.probe_loss.n else None,
-            # the recent replies', with the one in progress or just ended
-            "replies": [int(x) for x in (*self.replies, self._drafted_reply) if x is not None][
-                -RECENT_REPLIES:
-            ],
         }
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -454,9 +444,6 @@ class ModelRounds(Probing):
             # what earlier sessions found weighs as much as PROBE_MEMORY probes, so the odds still move
             scale = min(1.0, PROBE_MEMORY / probes[1]) if probes[1] else 1.0
             self.probes = [float(probes[0]) * scale, float(probes[1]) * scale]
-        replies = state.get("replies")
-        if isinstance(replies, list) and all(x in (0, 1) for x in replies):
-            self.replies.extend(bool(x) for x in replies[-RECENT_REPLIES:])
         loss = state.get("probe_loss")
         if isinstance(loss, (int, float)) and 0.0 <= loss < 60.0:
             for _ in range(2):

@@ -60,9 +60,6 @@ PROBE_K = 2  # a probe drafts this many tokens at most; its own round is part of
 # as much as PROBE_MEMORY probes at most.
 PROBE_PRIOR_WEIGHT = 4.0
 PROBE_MEMORY = 16.0
-# A draft model in play evaluates the prompt with the target's only while it drafted in at least half
-# of the last RECENT_REPLIES replies (Laplace's rule); otherwise it catches up if and when it drafts.
-RECENT_REPLIES = 8
 # Prompt lookup's drafts cost nothing to make: their length is bounded by what verifying them costs.
 LOOKUP_MAX = 63
 # The first draft of a class of copy in a reply copies at most this many tokens: a long draft failing
@@ -78,9 +75,11 @@ HORIZON = 256  # tokens of a reply counted on when spreading a catch-up of the d
 # than the median of its last SERVED_RUNS.
 SERVED_RUNS = 2
 TOKENS_PER_ROUND = 3.0  # about what a drafted round delivers, for counting rounds left
-# The rest of a reply is expected to be as long as the reply so far, at least REPLY_MIN tokens and at
-# most the token budget: a catch-up or a probe must pay itself back within it.
+# The rest of a reply is expected to be what the last REPLY_LENGTHS replies that went on past this
+# point produced after it, with as much as the reply so far (at least REPLY_MIN tokens) weighing as
+# one of them, and at most the token budget: a catch-up or a probe must pay itself back within it.
 REPLY_MIN = 16
+REPLY_LENGTHS = 32
 # This reply's own evidence weighs as much as this many pooled samples: (the draft model, a copy). One
 # early rejection must not stop a draft model that pays in most of a reply (a draft's tokens are right
 # or wrong in runs); a copy's class is judged on its own in each reply (a coincidence fails at once).
@@ -97,3 +96,7 @@ ENGAGED_ERRORS = 2.0
 # drafted token's cost (a batch shares the weights' reads): measured 16-token batches of the 0.5B
 # draft cost 0.31-0.36 of 16 single steps on the EPYC, 0.19 on the Xeon (docs/benchmarks.md).
 SYNC_SHARE = 0.35
+# A catch-up's cost per token is read as the slope of its cost in the batch's size once the catch-ups
+# timed differ in size this many times over (below it the slope is noise): see
+# ModelRounds.sync_per_token.
+SYNC_SPREAD = 4
