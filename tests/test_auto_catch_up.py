@@ -23,6 +23,7 @@ from app.engine.auto import (
     AutoDrafter,
 )
 from app.engine.auto.evidence import PLAIN
+from app.engine.auto.priors import RELAX
 from app.engine.drafting import EMPTY as EMPTY_PROPOSAL
 from app.engine.drafting import LookupDrafter, Outcome, Proposal, common_prefix
 from app.engine.engine import Engine, GenerationSettings, LoadSettings
@@ -367,13 +368,50 @@ def test_a_probes_hope_is_planned_on_the_lowest_costs_scaled_by_what_rounds_took
         _probe(auto, 2, 2 * costs.draft_step() + costs.verify(3))
     assert auto.rounds.overrun() == pytest.approx(1.0)
     assert auto.rounds.overrun(low=True) == pytest.approx(0.034 / (0.006 + low.verify(3)))
-    auto.rounds.since = 10**6
+    auto.rounds.since = auto.rounds._probe_interval  # a probe's interval has passed
     assert not auto.rounds.probe_due([], costs.draft_step(), 6, auto.rest)
-    _probe(auto, 2, 0.5)  # one round a busy moment slowed 15-fold does not move it
-    assert auto.rounds.overrun(low=True) == pytest.approx(0.034 / (0.006 + low.verify(3)))
+    _probe(auto, 2, 0.5)  # one round a busy moment slowed 15-fold does not move it (the earlier
+    # ones have faded for the rounds since they were timed: see the next test)
+    faded = 1 + (0.034 / (0.006 + low.verify(3)) - 1) * RELAX ** (auto.rounds._probe_interval - 1)
+    assert auto.rounds.overrun(low=True) == pytest.approx(faded)
     # kept for the pair and machine, and bounded, as the overrun is
     again = AutoDrafter(StaleDraft(2), LookupDrafter(), n_max=6, costs=costs)  # type: ignore[arg-type]
     again.rounds.restore(auto.rounds.state())
     assert again.rounds.overrun(low=True) == pytest.approx(auto.rounds.overrun(low=True), rel=1e-4)
     again.rounds.restore({"overrun_low": 9.0})
     assert max(again.rounds.overrun_low_window.samples) == 4.0
+
+
+def test_an_overrun_not_timed_again_fades_so_a_busy_moment_cannot_pause_the_draft_for_good() -> None:
+    """Only rounds that draft time the overrun: rounds a busy moment slowed twofold would otherwise
+    keep the draft paused and unprobed for the session, and the next (the memory file keeps it). It
+    fades toward none as acceptance evidence does (RELAX a round), until a probe times it again."""
+    low = SyntheticCosts(base=0.010, slope=0.0015, draft=0.003)
+    costs = _TimedAlone(low, base=0.010, slope=0.004, draft=0.008)
+    auto = AutoDrafter(StaleDraft(2), LookupDrafter(), n_max=6, costs=costs)  # type: ignore[arg-type]
+    auto.rounds.cls = len(MODEL_CLASSES) - 1
+    auto.rest = 10**6
+    busy = 2 * (2 * low.draft_step() + low.verify(3))  # twice what the lowest costs predict
+    for _ in range(5):
+        _probe(auto, 2, 2.5 * busy)
+    assert auto.rounds.overrun(low=True) == 2.0  # (bounded)
+    paused = auto.rounds._probe_interval
+    auto.rounds.since = paused
+    assert not auto.rounds.probe_due([], costs.draft_step(), 6, auto.rest)
+    saved = auto.rounds.state()["overrun_low"]
+    for _ in range(600):  # rounds without the draft
+        auto.rounds.since += 1
+        if auto.rounds.probe_due([], costs.draft_step(), 6, auto.rest):
+            break
+    else:
+        raise AssertionError("the draft was never probed again")
+    faded = auto.rounds.overrun(low=True)
+    assert 1.0 < faded < 2.0
+    assert faded == pytest.approx(1 + (5.0 - 1) * RELAX ** (auto.rounds.since - 1), rel=1e-6)
+    # the memory file keeps it as faded as it has become
+    assert auto.rounds.state()["overrun_low"] == pytest.approx(faded, abs=1e-4)
+    assert saved == pytest.approx(1 + 4.0 * RELAX ** (paused - 1), abs=1e-4)
+    # a probe times it again: what it took counts beside the faded timings, which fade no further
+    _probe(auto, 2, 2 * low.draft_step() + low.verify(3))
+    assert auto.rounds.since == 0 and auto.rounds.overrun_low_window.n == 6
+    assert auto.rounds.overrun(low=True) == pytest.approx(faded, rel=1e-6)

@@ -34,6 +34,7 @@ from app.engine.auto.priors import (
     MODEL_CLASSES,
     PROBE_K,
     PROBE_MEMORY,
+    RELAX,
     SERVED_RUNS,
     SYNC_SHARE,
     SYNC_SPREAD,
@@ -220,7 +221,7 @@ class ModelRounds(Probing):
                 self.probing = True
         if plan.k == 0:
             return Action.NO_ROOM
-        self.since = 0
+        self._retimed()
         # a probe stays short; a real round drafts on while the draft's confidence says it pays; one
         # that measures drafts all it planned (it times the steps after the first: cut, it never would)
         measuring = decision.action is Action.MEASURE
@@ -305,7 +306,24 @@ class ModelRounds(Probing):
         rounds; 1.0 until measured); ``low``: over what the lowest recent costs predicted
         (:meth:`low_costs`)."""
         w = self.overrun_low_window if low else self.overrun_window
-        return min(2.0, max(0.8, w.value)) if w.n >= 3 else 1.0
+        return min(2.0, max(0.8, self._faded(w.value))) if w.n >= 3 else 1.0
+
+    def _faded(self, overrun: float) -> float:
+        """An overrun faded toward none by RELAX for each round since the model last drafted, as
+        acceptance evidence fades toward its prior: only rounds that draft re-time it, so a busy moment
+        that slowed the last ones timed (and was kept in the memory file) would otherwise keep the draft
+        paused, and unprobed, for good. (``since`` counts the round being planned too.)"""
+        return 1.0 + (overrun - 1.0) * RELAX ** (self.since - 1) if self.since > 1 else overrun
+
+    def _retimed(self) -> None:
+        """The model drafts again: the overruns timed before are kept as faded as they have become."""
+        if self.since > 1:
+            for w in (self.overrun_window, self.overrun_low_window):
+                samples = [self._faded(x) for x in w.samples]
+                w.clear()
+                for x in samples:
+                    w.add(x)
+        self.since = 0
 
     def sync_per_token(self, draft_cost: float) -> float:
         """What one more token of a catch-up costs the draft, in seconds (a batch: cheaper than drafting).
@@ -370,6 +388,8 @@ class ModelRounds(Probing):
         """Learn from a round this model drafted (``seconds``: the round's time with its catch-up
         spread as planned; ``charged``: the part of the catch-up in it)."""
         d, v = self.costs.draft_step(), self.costs.verify(outcome.batch)
+        if proposal.tokens:
+            self._retimed()
         if proposal.tokens and d and v:  # a probe too: it re-times what paused the draft
             self.overrun_window.add(seconds / (outcome.n_drafted * d + v + charged))
             low = self.low_costs()
@@ -417,8 +437,8 @@ class ModelRounds(Probing):
         for the memory file."""
         low = self.overrun_low_window
         return {
-            "overrun": round(self.overrun_window.value, 4) if self.overrun_window.n else None,
-            "overrun_low": round(low.value, 4) if low.n else None,
+            "overrun": round(self._faded(self.overrun_window.value), 4) if self.overrun_window.n else None,
+            "overrun_low": round(self._faded(low.value), 4) if low.n else None,
             "probes": [round(x, 3) for x in self.probes],
             "probe_loss": round(self.probe_loss.value, 6) if self.probe_loss.n else None,
         }
