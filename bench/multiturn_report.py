@@ -1,6 +1,7 @@
 """The multi-turn benchmark's figures (:mod:`bench.multiturn`): per group of turns and mode, the pooled
 decode speed, its speedup over plain decoding, the spread over turns, and auto's ratio to the best fixed
-setting of the run; printed as markdown."""
+setting of the run, on decode time and on generation time (the drafter's prompt work too); printed as
+markdown."""
 
 from __future__ import annotations
 
@@ -61,13 +62,15 @@ def summarize(data: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
         }
         out[group][label] = v
     for modes in out.values():
-        for label, v in modes.items():
-            base = modes.get(mode_label("plain", 2 if label.endswith("(pass 2)") else 1), {}).get("tok_s")
-            v["speedup"] = v["tok_s"] / base if base else float("nan")
-        best = best_fixed({label: v["tok_s"] for label, v in modes.items() if "(pass" not in label})
-        for label, v in modes.items():
-            if best is not None and best[1] and not MODES[label.split(" ")[0]].fixed:
-                v["best_fixed"], v["vs_best"] = best[0], v["tok_s"] / best[1]
+        for x in ("", "_gen"):  # on decode time, and on generation time (the drafter's prompt work too)
+            for label, v in modes.items():
+                plain = modes.get(mode_label("plain", 2 if label.endswith("(pass 2)") else 1), {})
+                base = plain.get(f"tok_s{x}")
+                v[f"speedup{x}"] = v[f"tok_s{x}"] / base if base else float("nan")
+            best = best_fixed({label: v[f"tok_s{x}"] for label, v in modes.items() if "(pass" not in label})
+            for label, v in modes.items():
+                if best is not None and best[1] and not MODES[label.split(" ")[0]].fixed:
+                    v[f"best_fixed{x}"], v[f"vs_best{x}"] = best[0], v[f"tok_s{x}"] / best[1]
     return dict(out)
 
 
@@ -78,10 +81,17 @@ def best_fixed_lines(summary: dict[str, dict[str, dict[str, Any]]], groups: Sequ
         for label, v in summary.get(g, {}).items():
             if "best_fixed" in v:
                 best = summary[g][v["best_fixed"]]
-                out.append(
+                line = (
                     f"{g}: {label} {v['speedup']:.2f}x of plain, {v['vs_best']:.2f}x of the best fixed "
                     f"setting ({v['best_fixed']}, {best['speedup']:.2f}x of plain)"
                 )
+                if "best_fixed_gen" in v:  # the drafter's prompt work counted too
+                    gen = summary[g][v["best_fixed_gen"]]
+                    line += (
+                        f"; on generation time {v['speedup_gen']:.2f}x, {v['vs_best_gen']:.2f}x of "
+                        f"{v['best_fixed_gen']} ({gen['speedup_gen']:.2f}x)"
+                    )
+                out.append(line)
     return out
 
 

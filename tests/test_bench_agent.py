@@ -119,6 +119,13 @@ def test_the_loop_on_servers_interleaves_restarts_and_reports(tiny_pair, tmp_pat
         and best["tok_s"] >= summary["pass 1"]["all"]["plain"]["tok_s"]
     )
     assert auto["vs_best"] == round(auto["tok_s"] / best["tok_s"], 3)
+    # on generation time too: spec2's draft evaluated each prompt up front, which the server reports
+    assert all(s["replies"]["spec2"]["draft_prompt_s"] > 0 for s in data["steps"])
+    assert all(s["replies"]["plain"]["draft_prompt_s"] == 0 for s in data["steps"])
+    spec2 = summary["pass 1"]["all"]["spec2"]
+    assert spec2["tok_s_gen"] < spec2["tok_s"]
+    gen_best = summary["pass 1"]["all"][auto["best_fixed_gen"]]
+    assert auto["vs_best_gen"] == round(auto["tok_s_gen"] / gen_best["tok_s_gen"], 3)
     assert "best_fixed" not in summary["pass 1"]["all"]["spec2"]
     table = agent.markdown(summary, meta["modes"])
     assert "| pass 1 | other (3) | auto |" in table and "| pass 2 | all (3) | plain |" in table

@@ -87,9 +87,13 @@ def test_generation_time_charges_the_draft_model_its_prompt() -> None:
 
 
 def test_multiturn_reports_auto_against_the_best_fixed_setting() -> None:
+    """On decode time and on generation time: there a draft model that evaluated each prompt up front
+    (spec3, 0.4 s a turn) is charged that work, and plain decoding is the best fixed setting."""
+
     def run(mode: str, speed: float) -> dict:
         stats = {"n_generated": 10, "t_decode_s": 10 / speed, "n_drafted": 0, "n_accepted": 0, "rounds": 10}
         stats |= {"t_llama_s": 0.0, "decode_tokens_per_second": speed}
+        stats |= {"t_draft_prompt_s": 0.4 if mode == "spec3" else 0.0}
         return {
             "id": "c/1", "kind": "code", "category": "first", "mode": mode, "repeat": 0, "pass": 1,
             "stats": stats, "mean_k": 0.0, "drafters": {}, "same_as_plain": None,
@@ -101,7 +105,12 @@ def test_multiturn_reports_auto_against_the_best_fixed_setting() -> None:
     assert summary["first"]["auto"]["vs_best"] == pytest.approx(0.95)
     assert "best_fixed" not in summary["first"]["spec3"]
     lines = multiturn.best_fixed_lines(summary, ["first"])
-    assert lines == ["first: auto 1.14x of plain, 0.95x of the best fixed setting (spec3, 1.20x of plain)"]
+    assert summary["first"]["auto"]["best_fixed_gen"] == "plain"
+    assert summary["first"]["spec3"]["speedup_gen"] == pytest.approx(1 / (1 / 1.2 + 0.4))
+    assert lines == [
+        "first: auto 1.14x of plain, 0.95x of the best fixed setting (spec3, 1.20x of plain); "
+        "on generation time 1.14x, 1.14x of plain (1.00x)"
+    ]
 
 
 def test_recorded_tables_replay_auto_against_every_fixed_setting(tmp_path, capsys) -> None:

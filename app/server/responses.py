@@ -59,6 +59,8 @@ def timings(stats: Stats) -> dict[str, Any]:
         "predicted_ms": predicted_ms,
         "predicted_per_token_ms": predicted_ms / n if n else 0.0,
         "predicted_per_second": n / stats.t_decode_s if stats.t_decode_s > 0 else 0.0,
+        # the draft model's own work on the prompt where it evaluated it up front (not in predicted_ms)
+        "draft_prompt_ms": stats.t_draft_prompt_s * 1000,
         "draft_n": stats.n_drafted,
         "draft_n_accepted": stats.n_accepted,
         # which sources drafted (prompt lookup, the history, the draft model, the MTP head, ...)
