@@ -151,6 +151,13 @@ def test_a_catch_up_token_costs_the_slope_of_catch_ups_once_their_sizes_differ()
     rounds.observe(replace(first, n_sync=400, t_sync=0.003 + 0.00001 * 400), outcome, 0.012, 0.0)
     # the slope, 0.01 ms a token, at least what the largest batch cost per token
     assert rounds.sync_per_token(0.002) == pytest.approx((0.003 + 0.004) / 400)
+    # kept in the memory file (in decode steps): the next session prices catch-ups so from its start
+    again = AutoDrafter(SureDraft(pending=3), LookupDrafter(), n_max=6, costs=GPU_LIKE)  # type: ignore[arg-type]
+    again.restore(json.loads(json.dumps(auto.state())))
+    assert again.rounds is not None
+    assert again.rounds.sync_per_token(0.002) == pytest.approx((0.003 + 0.004) / 400, rel=1e-3)
+    again.restore({"model": {"syncs": [[400, "x"], [2, 1.0], "y"]}})  # not a record: skipped
+    assert again.state()["model"]["syncs"] == auto.state()["model"]["syncs"]
     cpu = AutoDrafter(SureDraft(pending=3), LookupDrafter(), n_max=6, costs=CPU_LIKE)  # type: ignore[arg-type]
     assert cpu.rounds is not None
     for n in (3, 40, 4, 120):  # on a CPU the cost grows with the batch: the slope is about the mean

@@ -13,7 +13,6 @@ starts to pay.
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from app.engine.auto.acceptance import ALWAYS, Acceptance, Upper, model_class
+from app.engine.auto.catching_up import CatchingUp
 from app.engine.auto.costs import CostModel, Window
 from app.engine.auto.evidence import PLAIN, Evidence, Kind
 from app.engine.auto.planner import Plan, best_length, continue_rule, memo_plan
@@ -30,15 +30,11 @@ from app.engine.auto.priors import (
     CONFIDENCE_FLOOR,
     CONFIDENCE_WINDOW,
     ENGAGED_ERRORS,
-    HORIZON,
     MODEL_CLASSES,
     PROBE_K,
     PROBE_MEMORY,
     RELAX,
     SERVED_RUNS,
-    SYNC_SHARE,
-    SYNC_SPREAD,
-    TOKENS_PER_ROUND,
 )
 from app.engine.auto.probing import Probing
 from app.engine.drafting.base import Outcome, Proposal
@@ -50,9 +46,10 @@ if TYPE_CHECKING:
     from app.engine.grammar import Grammar
 
 
-class ModelRounds(Probing):
+class ModelRounds(Probing, CatchingUp):
     """Plans the rounds that draft with a model, and learns from them (part of :class:`AutoDrafter`);
-    its probes' rules are :class:`~.probing.Probing`'s."""
+    its probes' rules are :class:`~.probing.Probing`'s, its catch-ups' price
+    :class:`~.catching_up.CatchingUp`'s."""
 
     def __init__(
         self,
@@ -110,6 +107,7 @@ class ModelRounds(Probing):
         self._optimistic = Acceptance(n_max, prior=optimistic, weight=1e12)
         self.sync_cost = Window(15)  # the draft's seconds per token when catching up
         self._syncs: deque[tuple[int, float]] = deque(maxlen=15)  # catch-ups: (tokens, seconds)
+        self._saved_syncs: list[tuple[int, float]] = []  # an earlier session's: (tokens, decode steps)
         # A model round takes longer than its parts timed alone (the two models evict each other's
         # weights from the CPU caches, the draft's Python): the median ratio of what model rounds
         # took to what the cost model predicted corrects its plans. What a probe hopes for is
@@ -325,55 +323,6 @@ class ModelRounds(Probing):
                     w.add(x)
         self.since = 0
 
-    def sync_per_token(self, draft_cost: float) -> float:
-        """What one more token of a catch-up costs the draft, in seconds (a batch: cheaper than drafting).
-
-        Once catch-ups of sizes at least SYNC_SPREAD apart have been timed, their cost's slope in
-        the batch's size: on a GPU a batch of hundreds costs little more than one of a few, and what
-        a few cost per token would price the prompt's catch-up tens of times too high. Until then,
-        their median cost per token (a CPU's cost grows with the batch)."""
-        if not self.sync_cost.n:
-            return SYNC_SHARE * draft_cost
-        per_token = self.sync_cost.value
-        sizes = [n for n, _ in self._syncs]
-        if len(sizes) < 3 or max(sizes) < SYNC_SPREAD * min(sizes):
-            return per_token
-        n_mean = statistics.fmean(sizes)
-        t_mean = statistics.fmean(t for _, t in self._syncs)
-        var = sum((n - n_mean) ** 2 for n in sizes)
-        slope = sum((n - n_mean) * (t - t_mean) for n, t in self._syncs) / var
-        return min(per_token, max(slope, min(t / n for n, t in self._syncs)))
-
-    def catch_up(self, tokens: Sequence[int], draft_cost: float, rest: int, copy_share: float) -> float:
-        """A round's share of what catching the draft up with the text costs (0 when it kept up).
-
-        The draft falls behind by every token decoded without it. Catching up serves the model
-        rounds that follow in this reply too, until the draft falls behind again, so a round is
-        charged its share over the fewer of: the rounds of the same class expected in what is left
-        of the reply (how often this reply has been in the class, times the rounds left at a few
-        tokens each; ``rest`` tokens, counted as ``HORIZON`` at most); the model rounds a catch-up
-        has served lately in this reply (once it has had a few; until then in earlier replies); and
-        the rounds expected before a copy is drafted again (one in 1 / ``copy_share`` of this
-        reply's recent rounds), which leaves the draft behind as plain decoding does. In a JSON
-        reply or a code edit where copies and model rounds take turns, each model round needs its
-        own catch-up.
-        """
-        # up to 2 are a drafted round's own (its last draft token and the target's), the rest is lag
-        behind = self.model.pending(tokens) - 2
-        if behind <= 0:
-            self.amortized = 1.0
-            return 0.0
-        rounds_left = min(rest, HORIZON) / TOKENS_PER_ROUND
-        spread = self._class_share[self.cls] * rounds_left
-        if len(self._runs) > SERVED_RUNS:  # the last run is still going on
-            spread = min(spread, statistics.median(list(self._runs)[:-1]))
-        elif self._served.n >= SERVED_RUNS + 1:  # until then: what catch-ups served in earlier replies
-            spread = min(spread, self._served.value)
-        if copy_share > 0:  # copies leave the draft behind again
-            spread = min(spread, 1.0 / copy_share)
-        self.amortized = max(1.0, spread)
-        return behind * self.sync_per_token(draft_cost) / self.amortized
-
     def _hopeful(self) -> bool:
         """Whether to draft on hope where the estimate says no: early in a reply, while each draft the
         reply has tried was accepted in full (a reply where the draft is right, such as arithmetic or
@@ -402,6 +351,7 @@ class ModelRounds(Probing):
         if proposal.n_steps:
             self.costs.observe_draft(proposal.n_steps, proposal.t_steps)
         if proposal.n_sync > 2:
+            self._restore_syncs()  # (before this one: they are older)
             self.sync_cost.add(proposal.t_sync / proposal.n_sync)
             self._syncs.append((proposal.n_sync, proposal.t_sync))
         if proposal.tokens:
@@ -441,6 +391,7 @@ class ModelRounds(Probing):
             "overrun_low": round(self._faded(low.value), 4) if low.n else None,
             "probes": [round(x, 3) for x in self.probes],
             "probe_loss": round(self.probe_loss.value, 6) if self.probe_loss.n else None,
+            "syncs": self.syncs_state(),
         }
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -464,6 +415,7 @@ class ModelRounds(Probing):
             # what earlier sessions found weighs as much as PROBE_MEMORY probes, so the odds still move
             scale = min(1.0, PROBE_MEMORY / probes[1]) if probes[1] else 1.0
             self.probes = [float(probes[0]) * scale, float(probes[1]) * scale]
+        self.restore_syncs(state.get("syncs"))
         loss = state.get("probe_loss")
         if isinstance(loss, (int, float)) and 0.0 <= loss < 60.0:
             for _ in range(2):
