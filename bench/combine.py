@@ -13,8 +13,10 @@ replies (a mode's and plain decoding's, from one run) is taken from the run wher
 speedup was the median, and a category pools its prompts' pairs. A slowdown on a shared machine
 usually hits one prompt of one run; a category's median over runs still shows it when it hit
 different prompts of a category in two runs, a prompt's median does not. Last, every repeat of every
-run pooled (tokens over seconds, with the range over repeats), and auto mode's replies that drafted
-nothing against plain's in the same repeat: the same llama.cpp work, so their spread is the
+run pooled (tokens over seconds, with the range over repeats), on decode time and again on generation
+time (decode plus the drafter's own work on the prompt, which a draft model that evaluates the prompt
+up front does before decode time starts; see :mod:`bench.summary`), and auto mode's replies that
+drafted nothing against plain's in the same repeat: the same llama.cpp work, so their spread is the
 machine's noise.
 """
 
@@ -99,10 +101,10 @@ def per_prompt(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     return out
 
 
-def pooled(runs: list[dict[str, Any]]) -> dict[str, dict[str, tuple[float, float, float]]]:
+def pooled(runs: list[dict[str, Any]], gen: bool = False) -> dict[str, dict[str, tuple[float, float, float]]]:
     """category -> mode -> (speedup over plain pooled over every repeat of every run, lowest and
-    highest over the repeats). A mode missing from some runs pools the repeats it ran in, against
-    plain decoding in the same repeats."""
+    highest over the repeats), on decode time or (``gen``) generation time. A mode missing from some
+    runs pools the repeats it ran in, against plain decoding in the same repeats."""
     groups: dict[tuple[str, str, tuple[int, int]], list[dict[str, Any]]] = {}
     for i, summary in enumerate(runs):
         for r in summary["_runs"]:
@@ -115,10 +117,10 @@ def pooled(runs: list[dict[str, Any]]) -> dict[str, dict[str, tuple[float, float
             pairs.setdefault((c, mode), []).append((recs, plain))
     table: dict[str, dict[str, tuple[float, float, float]]] = {}
     for (c, mode), reps in pairs.items():
-        by_rep = [_rate(recs) / _rate(plain) for recs, plain in reps]
+        by_rep = [_rate(recs, gen) / _rate(plain, gen) for recs, plain in reps]
         mine = [r for recs, _ in reps for r in recs]
         theirs = [r for _, plain in reps for r in plain]
-        table.setdefault(c, {})[mode] = (_rate(mine) / _rate(theirs), min(by_rep), max(by_rep))
+        table.setdefault(c, {})[mode] = (_rate(mine, gen) / _rate(theirs, gen), min(by_rep), max(by_rep))
     return table
 
 
@@ -136,9 +138,12 @@ def undrafted(runs: list[dict[str, Any]]) -> list[float]:
     return out
 
 
-def _rate(records: list[dict[str, Any]]) -> float:
-    """Decode tokens per second pooled over replies."""
-    return sum(r["stats"]["n_generated"] for r in records) / sum(r["stats"]["t_decode_s"] for r in records)
+def _rate(records: list[dict[str, Any]], gen: bool = False) -> float:
+    """Tokens per second pooled over replies: of decode time, or (``gen``) of generation time."""
+    seconds = sum(
+        r["stats"]["t_decode_s"] + (r["stats"].get("t_draft_prompt_s", 0.0) if gen else 0.0) for r in records
+    )
+    return sum(r["stats"]["n_generated"] for r in records) / seconds
 
 
 def targets(table: dict[str, dict[str, float]], cats: list[str]) -> list[str]:
@@ -218,21 +223,29 @@ def report(runs: list[dict[str, Any]]) -> str:
     pool = pooled(runs)
     if "auto" in modes and all("auto" in pool.get(c, {}) for c in cats):
         n_reps = len({(i, r.get("repeat", 0)) for i, s in enumerate(runs) for r in s["_runs"]})
-        lines += [
-            "",
-            f"Pooled over all {n_reps} repeats of the runs: tokens over seconds, speedup against plain in "
-            "the same repeats (range over the repeats).",
-            "",
-            "| category | " + " | ".join(modes) + " |",
-            "|" + "---|" * (len(modes) + 1),
-        ]
-        for c in cats:
-            cells = [
-                f"{pool[c][m][0]:.2f}x ({pool[c][m][1]:.2f}-{pool[c][m][2]:.2f})" if m in pool[c] else "-"
-                for m in modes
+        for gen, table_ in ((False, pool), (True, pooled(runs, gen=True))):
+            lines += [
+                "",
+                (
+                    "The same on generation time: decode time plus the drafter's own work on the prompt "
+                    "(a draft model evaluating it before the first token)."
+                    if gen
+                    else f"Pooled over all {n_reps} repeats of the runs: tokens over seconds, speedup "
+                    "against plain in the same repeats (range over the repeats)."
+                ),
+                "",
+                "| category | " + " | ".join(modes) + " |",
+                "|" + "---|" * (len(modes) + 1),
             ]
-            lines.append(f"| {c} | " + " | ".join(cells) + " |")
-        lines += ["", *targets({c: {m: v[0] for m, v in pool[c].items()} for c in cats}, cats)]
+            for c in cats:
+                cells = [
+                    f"{table_[c][m][0]:.2f}x ({table_[c][m][1]:.2f}-{table_[c][m][2]:.2f})"
+                    if m in table_[c]
+                    else "-"
+                    for m in modes
+                ]
+                lines.append(f"| {c} | " + " | ".join(cells) + " |")
+            lines += ["", *targets({c: {m: v[0] for m, v in table_[c].items()} for c in cats}, cats)]
         alike = undrafted(runs)
         if len(alike) > 1:
             mean = statistics.fmean(alike)

@@ -71,6 +71,7 @@ def test_bench_runs_every_mode_and_combine_reports_medians(tiny_pair, tmp_path, 
     assert "lookup bound" in report
     assert "Median over 2 runs" in report
     assert "Per prompt: each prompt's pair of replies" in report
+    assert "The same on generation time" in report
 
 
 def test_repeats_run_each_prompt_in_another_order(tiny_pair, tmp_path) -> None:
@@ -98,6 +99,21 @@ def test_balanced_orders_put_every_mode_in_every_place_and_after_every_other_mod
     after = Counter((a, b) for row in rows for a, b in pairwise(row))
     assert len(after) == n * (n - 1) and len(set(after.values())) == 1
     assert bench_run.balanced_order(list(range(n)), len(rows)) == rows[0]  # rows repeat
+
+
+def test_combine_pools_generation_time_charging_the_drafts_prompt_work() -> None:
+    """A draft model that evaluates the prompt up front does that work before decode time starts:
+    on decode time it looks free, on generation time it is charged."""
+
+    def rec(mode: str, decode: float, draft_prompt: float = 0.0) -> dict:
+        stats = {"n_generated": 10, "t_decode_s": decode, "t_draft_prompt_s": draft_prompt}
+        return {"id": "a", "category": "extract", "mode": mode, "stats": stats}
+
+    runs = [{"_runs": [rec("plain", 1.0), rec("spec3", 0.8, 0.4), rec("auto", 0.9)]}]
+    decode, gen = combine.pooled(runs), combine.pooled(runs, gen=True)
+    assert decode["extract"]["spec3"][0] == pytest.approx(1.25)
+    assert gen["extract"]["spec3"][0] == pytest.approx(1 / 1.2)
+    assert gen["extract"]["auto"][0] == decode["extract"]["auto"][0] == pytest.approx(1 / 0.9)
 
 
 def test_combine_per_prompt_takes_each_prompts_median_run() -> None:
