@@ -63,6 +63,34 @@ def test_probes_only_when_finding_out_can_pay_for_the_catch_up() -> None:
     )  # cannot pay even at 98 % acceptance
 
 
+def test_a_probe_is_worth_the_seconds_drafting_could_save_over_the_rest_of_the_reply() -> None:
+    """The rest of a reply has its tokens whatever decodes them: drafting at S times plain decoding's
+    speed saves ``1 - 1/S`` of their plain time (not ``S - 1`` of it: at 3x that would count three
+    times what can be saved). A probe is due once that saving, at the odds that drafting pays, covers
+    its catch-up."""
+    from app.engine.auto.priors import SYNC_SHARE
+    from app.engine.drafting import LookupDrafter
+
+    behind = 2000
+    auto = AutoDrafter(StaleDraft(behind), LookupDrafter(), n_max=6, costs=GPU_LIKE)  # type: ignore[arg-type]
+    auto.rounds.since = 10**6
+    d = GPU_LIKE.draft_step()
+
+    def due(rest: int) -> bool:
+        return auto.rounds.probe_due([], d, 6, rest)
+
+    lo, hi = 1, 10**7
+    assert not due(lo) and due(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if due(mid) else (mid, hi)
+    speedup = auto.rounds.hoped[0]
+    assert speedup > 2.0  # verifying is nearly free: the hoped speedup is large, and the two rules far apart
+    catch_up = behind * SYNC_SHARE * d  # its own round costs less than the plain steps it replaces
+    saved = auto.rounds.odds() * (1 - 1 / speedup) * hi * GPU_LIKE.verify(1)
+    assert saved == pytest.approx(catch_up, rel=0.01)
+
+
 def test_probes_only_where_the_target_is_sure_enough_for_the_draft_to_pay() -> None:
     """A probe hopes for its class's acceptance halfway to 1. Where the target hesitates the draft
     agrees 75 % of the time: with CPU-like costs even 87.5 % cannot pay, so no probe is wasted there;

@@ -89,7 +89,8 @@ class Probing:
         if self.probe_loss.n:
             price = max(price, self.probe_loss.value)
         rest_of_reply = rest / best.plain_rate  # seconds, decoding plainly
-        gain = self.odds() * (best.rate / best.plain_rate - 1) * rest_of_reply
+        # the seconds drafting at best.rate would save over it (the tokens are the reply's either way)
+        gain = self.odds() * (1 - best.plain_rate / best.rate) * rest_of_reply
         self.hoped = (best.rate / best.plain_rate, hope.prior)
         return price <= gain
 
