@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.summary import TIE_GAP, summarize
+from bench.summary import TIE_GAP, summarize, tok_s
 
 FIXED = ("spec3", "spec5", "spec8", "lookup")  # the modes auto mode is held against
 EARLY = 24  # a reply that leaves plain decoding's text before this token is mostly a different text
@@ -87,7 +87,7 @@ def per_prompt(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
             plain = recs.get((pid, "plain"))
             if plain is None or not plain["stats"]["t_decode_s"] or not r["stats"]["t_decode_s"]:
                 continue
-            speedup = _rate([r]) / _rate([plain])
+            speedup = tok_s([r]) / tok_s([plain])
             pairs.setdefault((pid, r["category"], mode), []).append((speedup, r, plain))
     chosen: dict[tuple[str, str], list[tuple[dict[str, Any], dict[str, Any]]]] = {}
     for (_, cat, mode), xs in sorted(pairs.items()):
@@ -97,7 +97,7 @@ def per_prompt(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
             chosen.setdefault((c, mode), []).append((r, plain))
     out: dict[str, dict[str, float]] = {}
     for (cat, mode), prs in chosen.items():
-        out.setdefault(cat, {})[mode] = _rate([r for r, _ in prs]) / _rate([p for _, p in prs])
+        out.setdefault(cat, {})[mode] = tok_s([r for r, _ in prs]) / tok_s([p for _, p in prs])
     return out
 
 
@@ -117,10 +117,10 @@ def pooled(runs: list[dict[str, Any]], gen: bool = False) -> dict[str, dict[str,
             pairs.setdefault((c, mode), []).append((recs, plain))
     table: dict[str, dict[str, tuple[float, float, float]]] = {}
     for (c, mode), reps in pairs.items():
-        by_rep = [_rate(recs, gen) / _rate(plain, gen) for recs, plain in reps]
+        by_rep = [tok_s(recs, gen) / tok_s(plain, gen) for recs, plain in reps]
         mine = [r for recs, _ in reps for r in recs]
         theirs = [r for _, plain in reps for r in plain]
-        table.setdefault(c, {})[mode] = (_rate(mine, gen) / _rate(theirs, gen), min(by_rep), max(by_rep))
+        table.setdefault(c, {})[mode] = (tok_s(mine, gen) / tok_s(theirs, gen), min(by_rep), max(by_rep))
     return table
 
 
@@ -134,16 +134,8 @@ def undrafted(runs: list[dict[str, Any]]) -> list[float]:
         for (pid, rep, mode), r in recs.items():
             plain = recs.get((pid, rep, "plain"))
             if mode == "auto" and plain is not None and r["stats"].get("n_drafted", 1) == 0:
-                out.append(_rate([r]) / _rate([plain]))
+                out.append(tok_s([r]) / tok_s([plain]))
     return out
-
-
-def _rate(records: list[dict[str, Any]], gen: bool = False) -> float:
-    """Tokens per second pooled over replies: of decode time, or (``gen``) of generation time."""
-    seconds = sum(
-        r["stats"]["t_decode_s"] + (r["stats"].get("t_draft_prompt_s", 0.0) if gen else 0.0) for r in records
-    )
-    return sum(r["stats"]["n_generated"] for r in records) / seconds
 
 
 def targets(table: dict[str, dict[str, float]], cats: list[str]) -> list[str]:

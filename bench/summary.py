@@ -34,7 +34,7 @@ def pooled(rs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "t_prompt": sum(r["stats"].get("t_prompt_s", 0.0) for r in rs),
         "t_reply": sum(r["stats"].get("t_prompt_s", 0.0) + r["stats"]["t_decode_s"] for r in rs),
         "tok_s": tokens / t if t else 0.0,
-        "tok_s_gen": _tok_s(rs, gen=True),
+        "tok_s_gen": tok_s(rs, gen=True),
         "tokens": tokens,
         "acceptance": accepted / drafted if drafted else 0.0,
         "tokens_per_round": tokens / rounds if rounds else 0.0,
@@ -83,7 +83,7 @@ def summarize(data: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
     return dict(out)
 
 
-def _tok_s(rs: Sequence[dict[str, Any]], gen: bool = False) -> float:
+def tok_s(rs: Sequence[dict[str, Any]], gen: bool = False) -> float:
     """Tokens per second of decode time (``gen``: of generation time, the drafter's prompt work too)."""
     t = sum(r["stats"]["t_decode_s"] + (r["stats"].get("t_draft_prompt_s", 0.0) if gen else 0.0) for r in rs)
     return sum(r["stats"]["n_generated"] for r in rs) / t if t else 0.0
@@ -101,11 +101,11 @@ def repeat_spread(data: dict[str, Any], gen: bool = False) -> dict[str, dict[str
             groups[(cat, r["mode"], r.get("repeat", 0))].append(r)
     speeds: dict[str, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
     for (cat, mode, rep), rs in groups.items():
-        speeds[cat][mode][rep] = _tok_s(rs, gen)
+        speeds[cat][mode][rep] = tok_s(rs, gen)
     out: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
     for cat, modes in speeds.items():
         overall = {
-            m: _tok_s([r for (c, mm, _), rs in groups.items() if (c, mm) == (cat, m) for r in rs], gen)
+            m: tok_s([r for (c, mm, _), rs in groups.items() if (c, mm) == (cat, m) for r in rs], gen)
             for m in modes
         }
         best = best_fixed(overall)
