@@ -5,7 +5,10 @@ prompt to prompt (a Williams design: every mode runs in every place and right af
 equally often), so drift on a noisy machine and whatever one mode leaves behind for the next hit every
 mode alike; each run starts from an empty KV cache so prompt processing and time to first token
 are comparable. Greedy outputs are compared with plain decoding's
-(speculative decoding must not change them). Prints a table per category and writes JSON.
+(speculative decoding must not change them). With ``--temperature`` the replies are sampled, as
+the local API samples a request that names only a temperature (llama.cpp's server's defaults for the
+rest), each prompt with one seed for all its modes in a repeat: the modes draw from the same law,
+not the same text, so only their speed is compared. Prints a table per category and writes JSON.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ DEFAULT_PROMPTS = Path(__file__).with_name("prompts.jsonl")
 
 # plain, the fixed draft lengths of bench.modes.SPEC_N, lookup and auto: auto held to the best of the rest
 DEFAULT_MODES = "plain,spec,lookup,auto"
+# what the local API samples with beside a request's temperature (app.server.served.Defaults)
+SAMPLED = {"top_k": 40, "top_p": 0.95, "min_p": 0.05}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,6 +48,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"comma-separated, from: {', '.join(MODES)}; spec: spec1-4,6,8 (default {DEFAULT_MODES})",
     )
     p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="sample at this temperature (top-k 40, top-p 0.95, min-p 0.05, as the local API does; "
+        "one seed per prompt and repeat, shared by its modes); 0, the default: greedy",
+    )
     p.add_argument("--ctx", type=int, default=4096)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--gpu-layers", default="auto", metavar="auto|all|cpu|N", help="as tandem generate's")
@@ -147,13 +159,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     runs[m] = run_llama_cpp(args.llama_cpp, args, text, LCPP_MODES[m])
                     continue
                 engine.reset()
-                runs[m.name] = reply_record(*collect(engine.generate(ids, m.settings(args.max_tokens))))
+                gs = m.settings(args.max_tokens, **sampling(args.temperature, seed=i))
+                runs[m.name] = reply_record(*collect(engine.generate(ids, gs)))
                 runs[m.name].pop("text")
                 if m.name == "plain":
                     plain_tokens = runs["plain"]["tokens"]
                     runs["plain"]["lookup_bound"] = lookup_bound(ids, plain_tokens, engine.costs.ratio)
             for name, r in runs.items():
-                comparable = plain_tokens is not None and name not in LCPP_MODES
+                comparable = plain_tokens is not None and name not in LCPP_MODES and not args.temperature
                 r["same_as_plain"] = r["tokens"] == plain_tokens if comparable else None
                 if comparable and not r["same_as_plain"]:
                     r["first_difference"] = next(
@@ -191,6 +204,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return results_of(args, modes, t_load, results, verify_ratios)
 
 
+def sampling(temperature: float, seed: int) -> dict[str, Any]:
+    """The generation settings' sampling for a reply: none (greedy) at temperature 0, else the local
+    API's at ``temperature`` with ``seed``."""
+    if not temperature:
+        return {}
+    from app.engine.sampling import SamplingParams
+
+    return {"sampling": SamplingParams(temperature=temperature, seed=seed, **SAMPLED)}
+
+
 def write_json(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1))
@@ -214,7 +237,8 @@ def results_of(
             "ctx": args.ctx,
             "threads": args.threads or os.cpu_count(),
             "modes": [m.name for m in modes] + (list(LCPP_MODES) if args.llama_cpp else []),
-            "temperature": 0.0,
+            "temperature": args.temperature,
+            **({"sampling": SAMPLED} if args.temperature else {}),
             "prompts": str(args.prompts),
             "load_seconds": round(t_load, 2),
             "shift": args.shift,

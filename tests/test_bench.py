@@ -89,6 +89,25 @@ def test_repeats_run_each_prompt_in_another_order(tiny_pair, tmp_path) -> None:
         assert place[(f"p{i}", 0, "plain")] != place[(f"p{i}", 1, "plain")]
 
 
+def test_sampled_bench_draws_each_prompt_with_one_seed_and_compares_speed_only(tiny_pair, tmp_path) -> None:
+    """At a temperature the modes draw from the target's law, not its greedy text: each prompt's modes
+    share a seed in a repeat (plain's text is the same run after run), and no reply is held to plain's."""
+    texts = []
+    for name in ("s1.json", "s2.json"):
+        args = bench_args(tiny_pair, tmp_path, name)
+        args.temperature, args.modes = 0.9, "plain,lookup,auto"
+        assert bench_run.main(args) == 0
+        data = json.loads((tmp_path / name).read_text())
+        assert data["settings"]["temperature"] == 0.9
+        assert data["settings"]["sampling"] == {"top_k": 40, "top_p": 0.95, "min_p": 0.05}
+        assert all(r["same_as_plain"] is None for r in data["runs"])
+        assert data["summary"]["all"]["plain"]["speedup"] == 1.0
+        texts.append({r["id"]: r["tokens"] for r in data["runs"] if r["mode"] == "plain"})
+    assert texts[0] == texts[1]
+    greedy = bench_args(tiny_pair, tmp_path, "g.json")
+    assert greedy.temperature == 0.0 and bench_run.sampling(0.0, seed=3) == {}
+
+
 @pytest.mark.parametrize("n", [2, 3, 4, 5, 6, 7])
 def test_balanced_orders_put_every_mode_in_every_place_and_after_every_other_mode(n) -> None:
     """A rotation would always run auto right after lookup; a Williams design spreads any carry-over."""
