@@ -34,8 +34,6 @@ DEFAULT_PROMPTS = Path(__file__).with_name("prompts.jsonl")
 
 # plain, the fixed draft lengths of bench.modes.SPEC_N, lookup and auto: auto held to the best of the rest
 DEFAULT_MODES = "plain,spec,lookup,auto"
-# what the local API samples with beside a request's temperature (app.server.served.Defaults)
-SAMPLED = {"top_k": 40, "top_p": 0.95, "min_p": 0.05}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -211,7 +209,15 @@ def sampling(temperature: float, seed: int) -> dict[str, Any]:
         return {}
     from app.engine.sampling import SamplingParams
 
-    return {"sampling": SamplingParams(temperature=temperature, seed=seed, **SAMPLED)}
+    return {"sampling": SamplingParams(temperature=temperature, seed=seed, **sampled())}
+
+
+def sampled() -> dict[str, Any]:
+    """What the local API samples with beside a request's temperature (its defaults)."""
+    from app.server.served import Defaults
+
+    d = Defaults()
+    return {"top_k": d.top_k, "top_p": d.top_p, "min_p": d.min_p}
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
@@ -238,7 +244,7 @@ def results_of(
             "threads": args.threads or os.cpu_count(),
             "modes": [m.name for m in modes] + (list(LCPP_MODES) if args.llama_cpp else []),
             "temperature": args.temperature,
-            **({"sampling": SAMPLED} if args.temperature else {}),
+            **({"sampling": sampled()} if args.temperature else {}),
             "prompts": str(args.prompts),
             "load_seconds": round(t_load, 2),
             "shift": args.shift,
