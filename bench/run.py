@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import subprocess
@@ -48,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument(
         "--temperature",
-        type=float,
+        type=temperature,
         default=0.0,
         help="sample at this temperature (top-k 40, top-p 0.95, min-p 0.05, as the local API does; "
         "one seed per prompt and repeat, shared by its modes); 0, the default: greedy",
@@ -200,6 +201,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         engine.close()
     return results_of(args, modes, t_load, results, verify_ratios)
+
+
+def temperature(text: str) -> float:
+    """``--temperature``: a finite number at least 0 (checked before any model loads)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number, not {text!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"at least 0, not {text}")
+    return value
 
 
 def sampling(temperature: float, seed: int) -> dict[str, Any]:

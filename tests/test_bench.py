@@ -106,6 +106,11 @@ def test_sampled_bench_draws_each_prompt_with_one_seed_and_compares_speed_only(t
     assert texts[0] == texts[1]
     greedy = bench_args(tiny_pair, tmp_path, "g.json")
     assert greedy.temperature == 0.0 and bench_run.sampling(0.0, seed=3) == {}
+    parser = argparse.ArgumentParser()
+    bench_run.add_arguments(parser)
+    for bad in ("-0.5", "nan", "warm"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--target", "t.gguf", "--temperature", bad])
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 5, 6, 7])
