@@ -94,14 +94,14 @@ def predicted_round_ms(table: dict[str, Any], k: int) -> float | None:
 
 
 def _run(client: Any, prompt: list[int], settings: Any) -> dict[str, Any]:
-    from app.engine.events import Finished, Step
+    from app.engine.events import Action, Finished, Step
 
     began: list[float] = []
     rounds: list[tuple[int, int, float, float]] = []  # drafted, accepted, t_round, t_llama
     fin = None
     t0 = time.perf_counter()
     for ev in client.generate(prompt=prompt, settings=settings):
-        if isinstance(ev, Step):
+        if isinstance(ev, Step) and ev.decision.action is not Action.PROMPT:  # rounds only
             began.append(ev.began)
             rounds.append((ev.n_drafted, ev.n_accepted, ev.t_round, ev.t_llama))
         elif isinstance(ev, Finished):
@@ -327,7 +327,7 @@ def run_acceptance(
     round of every reply too (:data:`TRACE_FIELDS`). ``on_pair`` is given the result so far after
     each pair (a caller stopped at a time limit keeps the pairs measured)."""
     from app.engine import EngineClient
-    from app.engine.events import Finished, Step
+    from app.engine.events import Action, Finished, Step
     from bench.modes import best_fixed, parse_modes
 
     chosen = parse_modes(modes)
@@ -358,7 +358,7 @@ def run_acceptance(
                         for ev in client.generate(prompt=prompt, settings=m.settings(max_tokens)):
                             if isinstance(ev, Step):
                                 rounds += bool(ev.n_drafted)
-                                if trace:
+                                if trace and ev.decision.action is not Action.PROMPT:  # rounds only
                                     rows.append(_trace_row(ev))
                             elif isinstance(ev, Finished):
                                 fin = ev

@@ -112,14 +112,18 @@ def collect(events: Iterable[Any]) -> tuple[list[Any], Any]:
 def reply_record(steps: Sequence[Any], finished: Any) -> dict[str, Any]:
     """What a benchmark keeps of one reply: its statistics, tokens, finish reason, mean draft length
     and rounds per drafter."""
+    from app.engine.events import Action
+
+    # the rounds: not a first token read with the prompt's batch
+    rounds = [s for s in steps if s.decision.action is not Action.PROMPT]
     drafters: dict[str, int] = {}
-    for s in steps:
+    for s in rounds:
         drafters[s.drafter.value] = drafters.get(s.drafter.value, 0) + 1
     return {
         "stats": finished.stats.to_dict(),
         "tokens": list(finished.tokens),
         "text": finished.text,
         "finish": str(getattr(finished.reason, "value", finished.reason)),
-        "mean_k": sum(s.k for s in steps) / max(1, len(steps)),
+        "mean_k": sum(s.k for s in rounds) / max(1, len(rounds)),
         "drafters": drafters,
     }

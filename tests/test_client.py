@@ -14,7 +14,7 @@ import pytest
 
 from app.engine import EngineClient, EngineCrashedError
 from app.engine.engine import Engine, EngineError, GenerationSettings, IncompatibleDraftError, LoadSettings
-from app.engine.events import Finished, Started, Step
+from app.engine.events import Action, Finished, Started, Step
 from app.engine.llama import ModelLoadError
 from app.engine.speculative import PromptTooLongError
 
@@ -142,7 +142,9 @@ def test_cancel_from_another_thread_ends_within_one_round(client, expected) -> N
             fin = event
     thread.join()
     assert fin is not None and fin.reason == "cancelled"
-    assert fin.stats.rounds == len(steps) < SLOW.max_tokens
+    # every step a round but the first token, read with the prompt's batch
+    assert steps[0].decision.action is Action.PROMPT
+    assert fin.stats.rounds == len(steps) - 1 < SLOW.max_tokens
     # Rounds the host had already sent may still be on their way (the host does not wait for the
     # reader), so what counts is when each round began, by the host's clock (a system-wide one): at
     # most the round whose cancel check came just before cancel() may begin after it.

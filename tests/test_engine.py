@@ -123,7 +123,16 @@ def test_events_carry_statistics(engine: Engine) -> None:
         assert s.n_accepted <= s.n_drafted <= 4
         assert sum(s.from_draft) == min(s.n_accepted, len(s.tokens))
     st = fin.stats
-    assert st.n_drafted == sum(s.n_drafted for s in steps) and st.rounds == len(steps)
+    # the first token comes with the prompt's batch, before the first round: no round of its own
+    first, rounds = steps[0], steps[1:]
+    assert first.decision.action is Action.PROMPT and len(first.tokens) == 1 and not first.n_drafted
+    assert (
+        first.decision.policy is Policy.FIXED
+        and fin.stats.ttft_s <= fin.stats.t_prompt_s + first.t_round + 0.05
+    )
+    assert all(s.decision.action is not Action.PROMPT for s in rounds)
+    assert st.n_drafted == sum(s.n_drafted for s in steps) and st.rounds == len(rounds)
+    assert st.tokens_per_round == pytest.approx((st.n_generated - 1) / st.rounds)
     assert st.acceptance_rate == pytest.approx(st.n_accepted / st.n_drafted)
     assert sum(st.accepted_length_histogram) == st.rounds_drafted
     assert st.decode_tokens_per_second > 0 and st.ttft_s > 0 and st.prompt_tokens_per_second >= 0
@@ -136,7 +145,12 @@ def test_each_round_reports_its_decision_as_data(engine: Engine) -> None:
     prompt = engine.tokenize(PROMPTS[4])
 
     def decisions(mode: str, **kw) -> list[Step]:
-        return [e for e in engine.generate(prompt, settings(mode, **kw)) if isinstance(e, Step)]
+        steps = [e for e in engine.generate(prompt, settings(mode, **kw)) if isinstance(e, Step)]
+        # a first token read with the prompt's batch is no round: it has no draft, in any mode
+        first = [s for s in steps if s.decision.action is Action.PROMPT]
+        assert first in ([], steps[:1])
+        assert all(s.n_drafted == 0 and s.k == 0 and s.drafter is Source.NONE for s in first)
+        return steps[len(first) :]
 
     plain = decisions("plain")
     assert all(s.decision.action is Action.PLAIN and s.drafter is Source.NONE and s.k == 0 for s in plain)
@@ -203,7 +217,7 @@ def test_cancel_mid_generation_then_generate_again(engine: Engine, plain_outputs
         if isinstance(ev, Finished):
             fin = ev
     assert fin is not None and fin.reason == "cancelled"
-    assert fin.stats.rounds == 3  # took effect before the next round
+    assert fin.stats.rounds == 2  # took effect before the next round (the first token came with the prompt)
     # an abandoned stream also leaves the engine usable
     gen = engine.generate(engine.tokenize(PROMPTS[2]), settings("speculative", max_tokens=200))
     next(gen), next(gen)

@@ -55,6 +55,7 @@ class Action(str, Enum):
     """What was decided for a round."""
 
     PLAIN = "plain"  # plain mode: no drafter
+    PROMPT = "prompt"  # the reply's first token, read with the prompt's batch (no round of its own)
     DRAFT = "draft"  # draft ``k`` tokens (fixed, adaptive or auto mode)
     PROBE = "probe"  # auto: a short draft to re-measure whether drafting pays
     MEASURE = "measure"  # auto: a round that measures a cost (plain decoding, or the draft model)
@@ -212,6 +213,9 @@ class StatsBuilder:
     def build(self, t_decode: float, n_generated: int | None = None) -> Stats:
         steps = self.steps
         n_gen = sum(len(s.tokens) for s in steps) if n_generated is None else n_generated
+        # the rounds: not a first token read with the prompt's batch (Action.PROMPT)
+        rounds = [s for s in steps if s.decision.action is not Action.PROMPT]
+        n_first = sum(len(s.tokens) for s in steps if s.decision.action is Action.PROMPT)
         n_drafted = sum(s.n_drafted for s in steps)
         n_accepted = sum(s.n_accepted for s in steps)
         drafted_rounds = [s for s in steps if s.n_drafted]
@@ -249,10 +253,10 @@ class StatsBuilder:
             n_drafted=n_drafted,
             n_accepted=n_accepted,
             acceptance_rate=_ratio(n_accepted, n_drafted),
-            rounds=len(steps),
+            rounds=len(rounds),
             rounds_drafted=len(drafted_rounds),
             mean_accepted_length=_ratio(n_accepted, len(drafted_rounds)),
-            tokens_per_round=_ratio(n_gen, len(steps)),
+            tokens_per_round=_ratio(n_gen - n_first, len(rounds)),
             accepted_length_histogram=tuple(hist) if drafted_rounds else (),
             acceptance_by_position=tuple(_ratio(a, b) for a, b in zip(passed, tried, strict=True)),
             t_prompt_s=self.t_prompt,
@@ -266,7 +270,7 @@ class StatsBuilder:
             decode_tokens_per_second=_ratio(n_gen, t_decode),
             python_share=max(0.0, 1.0 - _ratio(t_llama, t_decode)) if t_decode > 0 else 0.0,
             drafting_off=Action.NO_ROLLBACK
-            if steps and all(s.decision.action is Action.NO_ROLLBACK for s in steps)
+            if rounds and all(s.decision.action is Action.NO_ROLLBACK for s in rounds)
             else None,
             drafted_by=tuple((src, *counts) for src, counts in by.items()),  # type: ignore[misc]
             n_queued=self.n_queued,

@@ -1,7 +1,9 @@
 """The speculative loop: a generator of events, with KV-cache rollback in ``finally``.
 
-Invariant between rounds: the target's KV cache holds ``tokens[:-1]``; the last accepted token is
-*pending* (not evaluated yet). A round evaluates ``[pending, d1..dk]`` in one batch with logits at every
+The prompt's last token is evaluated with the rest of the prompt and its row read, so the reply's
+first token comes with the prompt (``Action.PROMPT``; a recurrent memory, which keeps a checkpoint
+before the last prompt token, leaves it to the first round). Invariant between rounds: the target's
+KV cache holds ``tokens[:-1]``; the last accepted token is *pending* (not evaluated yet). A round evaluates ``[pending, d1..dk]`` in one batch with logits at every
 position, accepts a prefix of the draft, appends the target's own token at the first mismatch (or a
 bonus token when all were accepted), and trims the rejected positions from the cache. With no draft
 (k = 0) the same round is plain decoding, so plain and speculative modes share one code path.
@@ -23,12 +25,23 @@ import numpy as np
 from app.engine import sampling
 from app.engine.drafting.base import EMPTY, Drafter, Outcome, Proposal
 from app.engine.errors import PromptTooLongError
-from app.engine.events import Finished, FinishReason, Mode, Started, StatsBuilder, Step
+from app.engine.events import (
+    Action,
+    Decision,
+    Finished,
+    FinishReason,
+    Mode,
+    Source,
+    Started,
+    StatsBuilder,
+    Step,
+)
 from app.engine.overlap import Overlap
 from app.engine.policy import DraftPolicy
 from app.engine.sampling import SamplingParams
 from app.engine.sequence import PROMPT, CachedSequence
 from app.engine.textstream import StopMatcher, Utf8Stream
+from app.gguf.arch import Rollback
 
 if TYPE_CHECKING:
     from app.engine.grammar import Grammar
@@ -37,9 +50,19 @@ if TYPE_CHECKING:
 class TargetCache(CachedSequence):
     """The target's context and the tokens its memory holds (reused across requests by prefix)."""
 
+    first_ready = False  # whether the last prompt token's row was read with the prompt (see begin)
+
     def begin(self, prompt: Sequence[int]) -> int:
-        """Evaluate ``prompt[:-1]``, reusing the held common prefix; returns tokens reused. A memory
-        that cannot remove tokens keeps a checkpoint here, for the next request to start from."""
+        """Evaluate the prompt, reusing the held common prefix; returns tokens reused.
+
+        Where the memory can remove any suffix, the prompt's last token goes in its batch with its
+        logits row read (``first_ready``): the reply's first token comes with the prompt, not a
+        decode step later, and is sampled the same way whatever was held (a seed gives one reply).
+        A recurrent memory evaluates ``prompt[:-1]`` and keeps a checkpoint there, for the next
+        request to start from; its last token is the first round's pending token."""
+        self.first_ready = self.memory.rollback is Rollback.TRIM
+        if self.first_ready:
+            return self.sync(prompt, logits="last", last_again=True)
         reused = self.sync(prompt[:-1])
         if not self.can_trim_any and len(self.tokens) > reused:
             self.checkpoint(PROMPT)
@@ -164,12 +187,10 @@ def generate(
     stats = StatsBuilder(mode=Mode(mode), n_prompt_tokens=len(prompt))
 
     t_start = time.perf_counter()
-    tokens = list(prompt)
+    reply = _ReplyText(prompt, piece, is_eog, max_tokens, n_ctx, stop, grammar)
+    tokens = reply.tokens  # the prompt and the reply so far
     n_prompt = len(prompt)
     reason: FinishReason | None = None
-    utf8 = Utf8Stream()
-    stopper = StopMatcher(stop)
-    pieces: list[str] = []
     if overlap is not None and not (target.can_trim_any and target.ctx.on_decode is None):
         overlap = None  # a queued token must be removable, and no drafter may read the batch as it lands
     queued = 0.0  # when the pending token's evaluation was queued (0.0: it was not)
@@ -184,6 +205,30 @@ def generate(
         stats.t_prompt = time.perf_counter() - t_start
         yield Started(len(prompt), stats.n_prompt_cached, stats.t_prompt)
         t_decode0 = time.perf_counter()
+        if target.first_ready:  # the first token, from the row the prompt's batch read
+            t0, began = time.perf_counter(), time.monotonic()
+            new, _ = verify(lambda _: target.ctx.logits(-1), tokens, EMPTY, params, rng, grammar)
+            shown, text, reason = reply.add(new)
+            mode_policy = policy.choose(0).decision.policy
+            step = Step(
+                text=text,
+                tokens=shown,
+                from_draft=(False,) * len(shown),
+                n_drafted=0,
+                n_accepted=0,
+                k=0,
+                drafter=Source.NONE,
+                decision=Decision(Action.PROMPT, mode_policy),
+                t_draft=0.0,
+                t_verify=time.perf_counter() - t0,
+                t_round=time.perf_counter() - t0,
+                t_llama=0.0,
+                began=began,
+            )
+            stats.add(step)
+            if shown:
+                stats.ttft = time.perf_counter() - t_start
+            yield step
 
         while not reason:
             if cancel is not None and cancel():
@@ -281,31 +326,7 @@ def generate(
             decision = proposal.decision or choice.decision
             if decision.source is not proposal.source and proposal.decision is None:
                 decision = replace(decision, source=proposal.source)  # the policy's choice, drafted
-            text_parts: list[str] = []
-            kept = 0
-            for tok in new:
-                tokens.append(tok)
-                kept += 1
-                if is_eog(tok):
-                    reason = FinishReason.EOG
-                    break
-                safe, hit = stopper.feed(utf8.feed(piece(tok)))
-                text_parts.append(safe)
-                if hit:
-                    reason = FinishReason.STOP
-                    break
-                if len(tokens) - n_prompt >= max_tokens:
-                    reason = FinishReason.LENGTH
-                    break
-                if grammar is not None and kept == len(new) and grammar.done:
-                    reason = FinishReason.EOG  # the grammar is complete: only the end of the turn may follow
-            if not reason and len(tokens) > n_ctx:
-                reason = FinishReason.CONTEXT
-            if reason and reason is not FinishReason.STOP:  # the reply ends here: release held-back text
-                text_parts.append(_flush(utf8, stopper))
-            shown = tuple(t for t in new[:kept] if not is_eog(t))
-            text = "".join(text_parts)
-            pieces.append(text)
+            shown, text, reason = reply.add(new)
             step = Step(
                 text=text,
                 tokens=shown,
@@ -334,7 +355,61 @@ def generate(
 
     t_decode = time.perf_counter() - t_decode0
     if reason is FinishReason.CANCELLED:
-        pieces.append(_flush(utf8, stopper))
+        reply.pieces.append(_flush(reply.utf8, reply.stopper))
     generated = tuple(t for t in tokens[n_prompt:] if not is_eog(t))
     assert reason is not None
-    yield Finished(reason, "".join(pieces), generated, stats.build(t_decode, len(generated)))
+    yield Finished(reason, "".join(reply.pieces), generated, stats.build(t_decode, len(generated)))
+
+
+class _ReplyText:
+    """The reply's tokens and text as rounds add them, and where it ends: the end of the turn, a
+    stop string, the token budget, a complete grammar or the context."""
+
+    def __init__(
+        self,
+        prompt: Sequence[int],
+        piece: Callable[[int], bytes],
+        is_eog: Callable[[int], bool],
+        max_tokens: int,
+        n_ctx: int,
+        stop: Sequence[str],
+        grammar: Grammar | None,
+    ):
+        self.tokens = list(prompt)
+        self.n_prompt = len(prompt)
+        self.piece, self.is_eog = piece, is_eog
+        self.max_tokens, self.n_ctx = max_tokens, n_ctx
+        self.grammar = grammar
+        self.utf8 = Utf8Stream()
+        self.stopper = StopMatcher(stop)
+        self.pieces: list[str] = []  # the text shown so far, a piece a round
+
+    def add(self, new: Sequence[int]) -> tuple[tuple[int, ...], str, FinishReason | None]:
+        """Append a round's tokens (up to where the reply ends); returns the tokens shown, the text
+        safe to show now and why the reply ended (None: it goes on)."""
+        reason: FinishReason | None = None
+        text_parts: list[str] = []
+        kept = 0
+        for tok in new:
+            self.tokens.append(tok)
+            kept += 1
+            if self.is_eog(tok):
+                reason = FinishReason.EOG
+                break
+            safe, hit = self.stopper.feed(self.utf8.feed(self.piece(tok)))
+            text_parts.append(safe)
+            if hit:
+                reason = FinishReason.STOP
+                break
+            if len(self.tokens) - self.n_prompt >= self.max_tokens:
+                reason = FinishReason.LENGTH
+                break
+            if self.grammar is not None and kept == len(new) and self.grammar.done:
+                reason = FinishReason.EOG  # the grammar is complete: only the end of the turn may follow
+        if not reason and len(self.tokens) > self.n_ctx:
+            reason = FinishReason.CONTEXT
+        if reason and reason is not FinishReason.STOP:  # the reply ends here: release held-back text
+            text_parts.append(_flush(self.utf8, self.stopper))
+        text = "".join(text_parts)
+        self.pieces.append(text)
+        return tuple(t for t in new[:kept] if not self.is_eog(t)), text, reason

@@ -42,7 +42,8 @@ class PlainCost:
 
     def observe(self, steps: Iterable[Step]) -> None:
         for s in steps:
-            if s.n_drafted == 0 and len(s.tokens) == 1 and s.t_round > 0:
+            plain = s.n_drafted == 0 and s.decision.action is not Action.PROMPT  # a round of its own
+            if plain and len(s.tokens) == 1 and s.t_round > 0:
                 self.samples.append(s.t_round)
 
     @property
@@ -64,6 +65,7 @@ class ReplyMeter:
     n_accepted: int = 0
     rounds: int = 0
     rounds_drafted: int = 0
+    n_first: int = 0  # tokens read with the prompt's batch, before the first round
     t_decode: float = 0.0  # sum of t_round
     rates: list[tuple[float, float]] = field(default_factory=list)  # (decode time, tokens/s) plot
     last: Decision | None = None  # the last round's decision
@@ -91,6 +93,10 @@ class ReplyMeter:
                 self.draft_spans.append((self.n_chars, self.n_chars + share))
         self.n_chars += len(step.text)
         self.n_tokens += len(step.tokens)
+        if step.decision.action is Action.PROMPT:  # the first token, read with the prompt: no round
+            self.n_first += len(step.tokens)
+            self.t_decode += step.t_round
+            return
         self.n_drafted += step.n_drafted
         self.n_accepted += step.n_accepted
         self.rounds += 1
@@ -131,7 +137,7 @@ class ReplyMeter:
 
     @property
     def tokens_per_round(self) -> float | None:
-        return self.n_tokens / self.rounds if self.rounds else None
+        return (self.n_tokens - self.n_first) / self.rounds if self.rounds else None
 
     def speedup(self, plain_step: float | None) -> float | None:
         """Estimated speedup over plain decoding, given the cost of one plain step."""

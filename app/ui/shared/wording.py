@@ -95,6 +95,8 @@ def describe_decision(d: Decision, where: str = "this machine") -> str:
         text = _drafting(d)
     elif a is Action.PLAIN:
         text = "plain decoding"
+    elif a is Action.PROMPT:
+        text = "the first token, read with the prompt"
     elif a is Action.NO_ROOM:
         text = "no room to draft"
     elif a is Action.NO_ROLLBACK:
