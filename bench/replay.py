@@ -42,6 +42,8 @@ STEP = 0.1  # seconds charged for one decode step (the policy reads seconds; onl
 # Python's share of drafting one token with the draft model (its logits to a token and a probability),
 # in decode steps of the target: about 2 ms against a step of 90-100 ms on this machine.
 DRAFT_PYTHON = 0.02
+# a reply's first token comes with the prompt's batch, in every mode: rounds begin after it
+FIRST = 1
 
 
 class TableCosts:
@@ -201,14 +203,17 @@ def _replay(
     propose: Callable[[list[int], int], Proposal],
     observe: Callable[[Proposal, Any], None] | None = None,
 ) -> tuple[Result, dict[str, float]]:
-    """Replies in order through one policy: per category (tokens, steps), and each reply's speedup."""
+    """Replies in order through one policy: per category (tokens, steps), and each reply's speedup.
+
+    A reply's first token comes with the prompt's batch in every mode (``speculative.generate``), so
+    what is replayed and counted are the rounds after it, and the tokens they add."""
     from app.engine.auto import CONFIDENCE_WINDOW
 
     out: Result = {}
     per: dict[str, float] = {}
     for r in replies:
         spent = begin(r)
-        pos, cost = 0, (spent or 0.0) / STEP
+        pos, cost = FIRST, (spent or 0.0) / STEP
         drafted_last: bool | None = None
         while pos < len(r.tokens):
             room = max_tokens - pos - 1
@@ -228,9 +233,14 @@ def _replay(
             cost += seconds / STEP
             pos += new
         n, c = out.get(r.category, (0, 0.0))
-        out[r.category] = (n + len(r.tokens), c + cost)
-        per[r.id] = len(r.tokens) / cost if cost else 0.0
+        out[r.category] = (n + counted(r.tokens), c + cost)
+        per[r.id] = counted(r.tokens) / cost if cost else 0.0
     return out, per
+
+
+def counted(reply: Sequence[int]) -> int:
+    """The tokens of a reply its rounds add (all but the first, read with the prompt's batch)."""
+    return max(0, len(reply) - FIRST)
 
 
 def replay_auto(
@@ -331,11 +341,11 @@ def replay_lookup(
 
 
 def replay_plain(replies: Sequence[Reply]) -> Result:
-    """Plain decoding: one step per token."""
+    """Plain decoding: one step per token (after the first, which comes with the prompt's batch)."""
     out: Result = {}
     for r in replies:
         n, c = out.get(r.category, (0, 0.0))
-        out[r.category] = (n + len(r.tokens), c + len(r.tokens))
+        out[r.category] = (n + counted(r.tokens), c + counted(r.tokens))
     return out
 
 

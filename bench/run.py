@@ -290,8 +290,9 @@ def lookup_bound(
 
     At every round the lookup drafter's continuation is drafted exactly as far as the target will
     accept it (if that pays: a batch of a+1 costs less than a+1 steps), else nothing. Returns the
-    reply's tokens and the cost in decode steps (``ratio(b)``: a batch of b relative to one step), so
-    tokens / cost is the best speedup any policy choosing only the draft length could get.
+    reply's tokens after the first (which comes with the prompt's batch) and the cost of the rounds
+    that add them in decode steps (``ratio(b)``: a batch of b relative to one step), so tokens / cost
+    is the best speedup any policy choosing only the draft length could get.
     """
     from app.engine.auto import LOOKUP_MAX
     from app.engine.drafting import LookupDrafter
@@ -299,7 +300,7 @@ def lookup_bound(
     n_max = n_max or LOOKUP_MAX  # as long as auto mode's lookup drafts
     lookup = LookupDrafter()
     lookup.begin(prompt)
-    pos, cost = 0, 0.0
+    pos, cost = 1, 0.0  # the first token comes with the prompt's batch
     while pos < len(reply):
         cont = lookup.propose([*prompt, *reply[:pos]], n_max, None, None).tokens  # type: ignore[arg-type]
         a = 0
@@ -308,7 +309,7 @@ def lookup_bound(
         k = a if a and ratio(a + 1) < a + 1 else 0
         cost += ratio(k + 1)
         pos += k + 1
-    return len(reply), cost
+    return max(0, len(reply) - 1), cost
 
 
 def balanced_order(items: list[Any], row: int) -> list[Any]:
