@@ -3,9 +3,10 @@
 The prompt's last token is evaluated with the rest of the prompt and its row read, so the reply's
 first token comes with the prompt (``Action.PROMPT``; a recurrent memory, which keeps a checkpoint
 before the last prompt token, leaves it to the first round). Invariant between rounds: the target's
-KV cache holds ``tokens[:-1]``; the last accepted token is *pending* (not evaluated yet). A round evaluates ``[pending, d1..dk]`` in one batch with logits at every
-position, accepts a prefix of the draft, appends the target's own token at the first mismatch (or a
-bonus token when all were accepted), and trims the rejected positions from the cache. With no draft
+KV cache holds ``tokens[:-1]``; the last accepted token is *pending* (not evaluated yet). A round
+evaluates ``[pending, d1..dk]`` in one batch with logits at every position, accepts a prefix of the
+draft, appends the target's own token at the first mismatch (or a bonus token when all were
+accepted), and trims the rejected positions from the cache. With no draft
 (k = 0) the same round is plain decoding, so plain and speculative modes share one code path.
 
 With a grammar (structured output), every position's distribution is the target's masked by it, a
