@@ -356,7 +356,7 @@ def generate(
 
     t_decode = time.perf_counter() - t_decode0
     if reason is FinishReason.CANCELLED:
-        reply.pieces.append(_flush(reply.utf8, reply.stopper))
+        reply.flush()
     generated = tuple(t for t in tokens[n_prompt:] if not is_eog(t))
     assert reason is not None
     yield Finished(reason, "".join(reply.pieces), generated, stats.build(t_decode, len(generated)))
@@ -414,3 +414,7 @@ class _ReplyText:
         text = "".join(text_parts)
         self.pieces.append(text)
         return tuple(t for t in new[:kept] if not self.is_eog(t)), text, reason
+
+    def flush(self) -> None:
+        """Release the text held back (a cancelled reply's: the start of a possible stop string)."""
+        self.pieces.append(_flush(self.utf8, self.stopper))
