@@ -100,8 +100,9 @@ def test_auto_probes_a_paused_draft_in_a_long_reply(tiny_pair) -> None:
         # a catch-up in the synthetic costs' units: the tiny draft's real timing is not in them (on a
         # busy machine it would outweigh any gain the synthetic costs promise)
         auto.rounds.sync_per_token = lambda draft_cost: 0.35 * draft_cost  # type: ignore[method-assign]
-        # a reply where this tiny draft is often wrong (it is right in full for a while in others)
-        st = steps(eng, PROMPTS[0], n_max=6, max_tokens=400)
+        # a long reply where this tiny draft is wrong from its first drafts on (in others it is right
+        # in full for a while, and auto rightly drafts on)
+        st = steps(eng, "Hello world, this is", n_max=6, max_tokens=400)
     probes = [s for s in st if s.decision.action is Action.PROBE]
     assert any(s.decision.action is Action.PAUSED for s in st)
     assert probes and all(s.n_drafted <= 2 for s in probes)
