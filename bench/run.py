@@ -296,11 +296,12 @@ def lookup_bound(
     """
     from app.engine.auto import LOOKUP_MAX
     from app.engine.drafting import LookupDrafter
+    from bench.replay import FIRST, counted
 
     n_max = n_max or LOOKUP_MAX  # as long as auto mode's lookup drafts
     lookup = LookupDrafter()
     lookup.begin(prompt)
-    pos, cost = 1, 0.0  # the first token comes with the prompt's batch
+    pos, cost = FIRST, 0.0  # the first token comes with the prompt's batch
     while pos < len(reply):
         cont = lookup.propose([*prompt, *reply[:pos]], n_max, None, None).tokens  # type: ignore[arg-type]
         a = 0
@@ -309,7 +310,7 @@ def lookup_bound(
         k = a if a and ratio(a + 1) < a + 1 else 0
         cost += ratio(k + 1)
         pos += k + 1
-    return max(0, len(reply) - 1), cost
+    return counted(reply), cost
 
 
 def balanced_order(items: list[Any], row: int) -> list[Any]:
